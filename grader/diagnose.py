@@ -1,0 +1,176 @@
+"""Name the cause of a failure in the student's terms, from what the ranks reported.
+
+Each function reads plain observations (a tensor description, a rank's call log, a run's stop) and
+returns catalog keys with their values (model.Note). verify.py decides pass or fail; this module only
+explains. Keys are documented in messages.py.
+"""
+from __future__ import annotations
+
+import signal
+
+from .checks import FEATURE_NUMEL, GRADIENT_NUMEL, expected_gradient
+from .model import Note, Outcome
+from .runner import RankRecord, RunOutcome
+
+FLOAT_DTYPES = {"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"}
+
+
+def close(a: float, b: float, dtype: str) -> bool:
+    if dtype in ("torch.float16", "torch.bfloat16"):
+        return abs(a - b) <= 2e-2 + 1e-2 * abs(b)
+    return abs(a - b) <= 1e-6 + 1e-5 * abs(b)
+
+
+def all_close(values: list, expected: list, dtype: str) -> bool:
+    return len(values) == len(expected) and all(close(float(v), e, dtype) for v, e in zip(values, expected))
+
+
+def preview(values: list | None, n: int = 4) -> str:
+    if not values:
+        return "[]"
+    shown = ", ".join(f"{float(v):g}" for v in values[:n])
+    return f"[{shown}{', ...' if len(values) > n else ''}]"
+
+
+def calls_summary(record: RankRecord) -> str:
+    names = [c["op"] for c in record.calls if c.get("t") == "enter"]
+    return ", ".join(names) if names else "-"
+
+
+def _calls(record: RankRecord, op: str) -> list[dict]:
+    return [c for c in record.calls if c.get("t") == "enter" and c.get("op") == op]
+
+
+# ------------------------------------------------------------------------------------------------
+# Why a rank stopped
+
+def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | None:
+    """The reason this rank did not finish run_worker normally, or None if it did."""
+    r = record.rank
+    result = record.result
+    if result is not None:
+        how = result.get("how")
+        error = result.get("error") or {}
+        if how == "load_error":
+            return Outcome.LOAD_ERROR, Note("fail.load_error", {"rank": r, **_error_params(error)})
+        if how == "exit":
+            return Outcome.EARLY_EXIT, Note("fail.sys_exit", {"rank": r, "code": error.get("message", "")})
+        if how == "raise":
+            kind = error.get("type", "")
+            message = error.get("message", "")
+            if kind == "NotImplementedError":
+                return Outcome.TODO, Note("fail.todo", {"rank": r})
+            if kind == "MemoryError" or "can't allocate memory" in message or "Cannot allocate memory" in message:
+                return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
+            if kind == "BlockingIOError" or "Resource temporarily unavailable" in message:
+                return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
+            return Outcome.EXCEPTION, Note("fail.exception", {"rank": r, **_error_params(error)})
+        return None
+    if run.stop == "output_limit" and run.stop_rank == r:
+        return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
+    exit_info = record.exit or {}
+    sig = exit_info.get("signal")
+    if sig is not None and not (sig == signal.SIGKILL and run.stop != "completed"):
+        if sig == signal.SIGXCPU:
+            return Outcome.CPU_LIMIT, Note("fail.cpu", {"rank": r})
+        if sig == signal.SIGXFSZ:
+            return Outcome.FILE_LIMIT, Note("fail.file_size", {"rank": r})
+        text = record.output_text()
+        if sig in (signal.SIGABRT, signal.SIGSEGV) and ("bad_alloc" in text or "allocate" in text):
+            return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
+        return Outcome.CRASH, Note("fail.signal", {"rank": r, "signal": sig, "name": _signal_name(sig)})
+    if "code" in exit_info:
+        return Outcome.EARLY_EXIT, Note("fail.os_exit", {"rank": r, "code": exit_info["code"]})
+    if run.stop == "timeout":
+        return Outcome.TIMEOUT, _where(record, "fail.timeout")
+    if run.stop == "deadlock":
+        return Outcome.DEADLOCK, _where(record, "fail.deadlock")
+    if run.stop in ("failfast", "output_limit"):
+        return Outcome.EXCEPTION, Note("fail.stopped", {"rank": r, "other": run.stop_rank})
+    return Outcome.GRADER_ERROR, Note("fail.grader", {"rank": r})
+
+
+def _where(record: RankRecord, key: str) -> Note:
+    if record.inside is not None:
+        return Note(key + "_inside", {"rank": record.rank, "op": record.inside.get("op"),
+                                      "n": int(record.inside.get("n", 0)) + 1})
+    return Note(key + "_outside", {"rank": record.rank})
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def _error_params(error: dict) -> dict:
+    frames = error.get("frames") or []
+    where = "; ".join(f"line {f['line']} in {f['function']}: {f['text']}" for f in frames[-3:])
+    return {"type": error.get("type", "?"), "message": (error.get("message") or "")[:300],
+            "where": where or "-"}
+
+
+# ------------------------------------------------------------------------------------------------
+# Why a value is wrong
+
+def wrong_gradient(desc: dict, ws: int, record: RankRecord) -> list[Note]:
+    values = desc.get("values") or []
+    dtype = desc.get("dtype", "")
+    expected = expected_gradient(ws)
+    notes = []
+    if values and all(close(float(v), expected * ws, dtype) for v in values):
+        notes.append(Note("cause.summed_not_averaged", {"ws": ws}))
+    elif values and all(close(float(v), record.rank + 1, dtype) for v in values):
+        notes.append(Note("cause.unchanged", {"op": "all_reduce"}))
+    elif values and _looks_hardcoded(values, ws, dtype):
+        notes.append(Note("cause.hardcoded_ws", {}))
+    if _calls(record, "reduce") and not _calls(record, "all_reduce"):
+        notes.append(Note("cause.reduce_not_all_reduce", {}))
+    return notes
+
+
+def _looks_hardcoded(values: list, ws: int, dtype: str) -> bool:
+    total = sum(range(1, ws + 1))
+    return any(all(close(float(v), total / k, dtype) for v in values) for k in range(1, 9) if k != ws)
+
+
+def wrong_feature(desc: dict, ws: int, record: RankRecord) -> list[Note]:
+    notes = []
+    shape = desc.get("shape") or []
+    if shape == [ws, FEATURE_NUMEL]:
+        notes.append(Note("cause.stack_not_cat", {"shape": shape}))
+    for call in _calls(record, "all_gather"):
+        out = (call.get("args") or {}).get("tensor_list") or {}
+        if out.get("len") is not None and out["len"] != ws:
+            notes.append(Note("cause.gather_list_size", {"got": out["len"]}))
+        elif out.get("distinct") is not None and out["distinct"] < out.get("len", 0):
+            notes.append(Note("cause.shared_buffers", {}))
+    values = desc.get("values") or []
+    if values and len(values) == ws * FEATURE_NUMEL and all(float(v) == float(ws - 1) for v in values) and ws > 1:
+        if not any(n.key == "cause.shared_buffers" for n in notes):
+            notes.append(Note("cause.shared_buffers", {}))
+    return notes
+
+
+def shape_note(desc: dict, expected_shape: list[int]) -> Note:
+    return Note("detail.value", {"expected_shape": expected_shape, "shape": desc.get("shape"),
+                                 "dtype": desc.get("dtype"), "values": preview(desc.get("values"))})
+
+
+def mismatched_calls(run: RunOutcome) -> Note | None:
+    """Ranks that called different collectives, in a different order (gloo may pair them silently)."""
+    sequences = [tuple(c["op"] for c in rec.calls if c.get("t") == "enter") for rec in run.ranks]
+    if len(set(sequences)) <= 1:
+        return None
+    listing = "; ".join(f"rank {rec.rank}: {calls_summary(rec)}" for rec in run.ranks)
+    return Note("cause.mismatch", {"calls": listing})
+
+
+def async_without_wait(record: RankRecord) -> bool:
+    entered = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "enter" and (c.get("args") or {}).get("async_op")}
+    left = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "exit"}
+    return bool(entered - left)
+
+
+EXPECTED_SHAPES = {"gradient": lambda ws: [GRADIENT_NUMEL], "full_feature": lambda ws: [ws * FEATURE_NUMEL]}

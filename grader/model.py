@@ -1,0 +1,81 @@
+"""Results as plain dataclasses: what each check concluded, and the whole grading.
+
+Messages are kept as catalog keys with their values (`Note`), and rendered in the reader's language
+only when a report or results.json is written.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .checks import CheckSpec
+
+
+class Outcome(str, enum.Enum):
+    """Why a check passed or failed; decided in a fixed order (see verify.py)."""
+    PASS = "pass"
+    NOT_SUBMITTED = "not_submitted"      # load problem: empty, not UTF-8, bad notebook ...
+    SYNTAX_ERROR = "syntax_error"
+    NO_ENTRY = "no_entry"                # no run_worker
+    NOT_CALLED = "not_called"            # static: the collective is never reached
+    TODO = "todo"                        # the stub's NotImplementedError
+    LOAD_ERROR = "load_error"            # the definitions raised when loaded
+    EXCEPTION = "exception"
+    EARLY_EXIT = "early_exit"            # sys.exit / os._exit inside run_worker
+    CRASH = "crash"                      # killed by a signal
+    TIMEOUT = "timeout"
+    DEADLOCK = "deadlock"
+    MEMORY_LIMIT = "memory_limit"
+    CPU_LIMIT = "cpu_limit"
+    FILE_LIMIT = "file_limit"
+    PROCESS_LIMIT = "process_limit"
+    OUTPUT_LIMIT = "output_limit"
+    MISSING = "missing"                  # no value to check (nothing returned, no such local)
+    BAD_TYPE = "bad_type"                # not a plain torch.Tensor
+    WRONG = "wrong"                      # wrong shape, dtype or values
+    NOT_COLLECTIVE = "not_collective"    # right numbers, but they did not come through the collective
+    GRADER_ERROR = "grader_error"
+
+
+@dataclass(frozen=True)
+class Note:
+    """One message: a catalog key and the values it is formatted with."""
+    key: str
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class CheckResult:
+    spec: CheckSpec
+    outcome: Outcome
+    score: float = 0.0
+    notes: list[Note] = field(default_factory=list)       # shown for every check (hidden ones: hints only)
+    details: list[Note] = field(default_factory=list)     # per-rank specifics: visible checks only
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASS
+
+
+@dataclass
+class GradingResult:
+    submission: str
+    checks: list[CheckResult]
+    execution_time: float = 0.0
+    summary: list[Note] = field(default_factory=list)     # shown above the checks
+    teaching: list[Note] = field(default_factory=list)    # timings and ring volumes (visible run)
+    layers: list[str] = field(default_factory=list)       # sandbox layers applied
+    outputs: list[tuple[int, str, int]] = field(default_factory=list)  # visible run: (rank, kept text, total bytes)
+    grader_error: str | None = None                       # traceback for staff; the grade is then 0
+
+    @property
+    def score(self) -> float:
+        return sum(c.score for c in self.checks)
+
+    @property
+    def max_score(self) -> float:
+        return sum(c.spec.points for c in self.checks)
+
+    @property
+    def all_passed(self) -> bool:
+        return self.grader_error is None and all(c.passed for c in self.checks)

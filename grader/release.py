@@ -1,0 +1,47 @@
+"""Student versions from instructor versions: solution regions replaced by the stub line.
+
+    python -m grader.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
+
+Same markers and the same stub text as nbgrader's ClearSolutions (see nbgrader_config.py), so the .py
+and the notebook release agree; tests/test_release.py proves the committed stubs are generated.
+"""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+STUB = 'raise NotImplementedError("请先完成 TODO 1 和 TODO 2 / complete TODO 1 and TODO 2 first")'
+
+
+def clear_solutions(source: str, stub: str = STUB) -> str:
+    out, inside = [], False
+    for line in source.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise ValueError("nested ### BEGIN SOLUTION")
+            inside = True
+            indent = re.match(r"\s*", line).group(0)
+            out.append(indent + stub + "\n")
+        elif stripped == END:
+            if not inside:
+                raise ValueError("### END SOLUTION without BEGIN")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError("### BEGIN SOLUTION without END")
+    return "".join(out)
+
+
+def main(argv: list[str]) -> int:
+    source, target = Path(argv[0]), Path(argv[1])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(clear_solutions(source.read_text(encoding="utf-8")), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""Turn results into words, in one language: shared by the text report, results.json and nbgrader."""
+from __future__ import annotations
+
+from .messages import render
+from .model import CheckResult, Note, Outcome
+
+HINTS = {
+    Outcome.WRONG: "hint.wrong", Outcome.MISSING: "hint.missing", Outcome.BAD_TYPE: "hint.bad_type",
+    Outcome.EXCEPTION: "hint.exception", Outcome.LOAD_ERROR: "hint.exception", Outcome.TIMEOUT: "hint.timeout",
+    Outcome.DEADLOCK: "hint.deadlock", Outcome.NOT_COLLECTIVE: "hint.not_collective",
+    Outcome.MEMORY_LIMIT: "hint.limit", Outcome.CPU_LIMIT: "hint.limit", Outcome.FILE_LIMIT: "hint.limit",
+    Outcome.PROCESS_LIMIT: "hint.limit", Outcome.OUTPUT_LIMIT: "hint.limit", Outcome.CRASH: "hint.crash",
+    Outcome.EARLY_EXIT: "hint.crash", Outcome.TODO: "hint.todo", Outcome.NOT_SUBMITTED: "hint.not_submitted",
+    Outcome.SYNTAX_ERROR: "hint.not_submitted", Outcome.NO_ENTRY: "hint.not_submitted",
+    Outcome.GRADER_ERROR: "hint.grader_error", Outcome.NOT_CALLED: "hint.wrong",
+}
+# Causes a hidden check may show: they name a mistake and carry no values.
+SAFE_CAUSES = {"cause.summed_not_averaged", "cause.hardcoded_ws", "cause.reduce_not_all_reduce",
+               "cause.integer_dtype", "cause.stack_not_cat", "cause.gather_list_size", "cause.shared_buffers",
+               "cause.async_no_wait"}
+
+
+def note(n: Note, lang: str) -> str:
+    return render(n.key, n.params, lang)
+
+
+def title(result: CheckResult, lang: str) -> str:
+    spec = result.spec
+    if spec.kind == "static":
+        return render(f"title.static.{spec.collective}", {}, lang)
+    return render(f"title.runtime.{spec.collective}", {"ws": spec.world_size}, lang)
+
+
+def status(result: CheckResult, lang: str) -> str:
+    return render("status.passed" if result.passed else "status.failed", {}, lang)
+
+
+def check_lines(result: CheckResult, lang: str) -> list[str]:
+    """What a student may read about one check. Hidden checks: the verdict, a hint and named mistakes only."""
+    if not result.spec.hidden:
+        return [note(n, lang) for n in result.notes] + [note(n, lang) for n in result.details]
+    if result.passed:
+        return [status(result, lang)]
+    lines = [status(result, lang) + ": " + render(HINTS.get(result.outcome, "hint.wrong"), {}, lang)]
+    lines += [note(n, lang) for n in result.notes if n.key in SAFE_CAUSES]
+    return list(dict.fromkeys(lines))

@@ -1,0 +1,526 @@
+"""Transport: start runs on the zygote, watch every rank's pipes, enforce limits, stop runs cleanly.
+
+The supervisor never imports torch and never unpickles anything: ranks talk newline-delimited JSON.
+Decisions here are about processes only (time, output, liveness); what the values mean is verify.py's.
+
+    with Runner() as runner:
+        outcomes = runner.run_many([RunRequest(world_size=2, source=..., filename=...), ...])
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .sandbox import UID_BASE, Limits
+
+FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
+DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
+STOP_GRACE_S = 3.0       # SIGTERM to the leader, then SIGKILL
+MAX_LINE = 4 << 20       # one protocol message
+MAX_PROTOCOL = 16 << 20  # all protocol messages of one rank
+
+
+class GraderError(RuntimeError):
+    """The grader itself could not run (not the student's fault)."""
+
+
+@dataclass
+class RunRequest:
+    world_size: int
+    source: str
+    filename: str
+    backend: str = "gloo"                 # "gloo" or "nccl"
+    perturb: tuple[str, ...] = ()         # collective families whose data is perturbed (perturb.py)
+    seeds: list[int] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass
+class RankRecord:
+    rank: int
+    ready: bool = False
+    calls: list[dict] = field(default_factory=list)     # enter/exit events, in order
+    inside: dict | None = None                          # the collective entered and not yet left
+    snapshot: dict | None = None                        # last locals snapshot (perturbed runs)
+    result: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    setup_error: str | None = None
+    done: bool = False                                  # sent everything it will send
+    exit: dict | None = None                            # {"code": n} or {"signal": n}
+    output: bytearray = field(default_factory=bytearray)
+    output_total: int = 0
+    protocol_bytes: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.done or self.exit is not None
+
+    @property
+    def failed(self) -> bool:
+        if self.result is not None:
+            return self.result.get("how") != "return"
+        return self.exit is not None
+
+    def output_text(self) -> str:
+        return self.output.decode("utf-8", "replace")
+
+
+@dataclass
+class RunOutcome:
+    request: RunRequest
+    ranks: list[RankRecord]
+    stop: str = "completed"       # completed | timeout | deadlock | failfast | output_limit | protocol | grader_error
+    stop_rank: int | None = None
+    elapsed: float = 0.0
+    error: str | None = None
+
+
+class _Run:
+    """One run in flight: its pipes, its leader's pidfd, its records."""
+
+    def __init__(self, request: RunRequest, slot: int, workdir: Path, limits: Limits):
+        self.request, self.slot, self.workdir, self.limits = request, slot, workdir, limits
+        self.outcome = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)])
+        self.buffers: dict[int, bytearray] = {}
+        self.fd_role: dict[int, tuple[str, int]] = {}
+        self.pending: dict[int, memoryview] = {}
+        self.pidfd: int | None = None
+        self.started = time.monotonic()
+        self.last_progress = self.started
+        self.failfast_at: float | None = None
+        self.stopping_since: float | None = None
+        self.leader_gone = False
+        self.killed = False
+
+    def set_stop(self, reason: str, rank: int | None = None) -> None:
+        if self.outcome.stop == "completed" and self.stopping_since is None:
+            self.outcome.stop, self.outcome.stop_rank = reason, rank
+
+
+class Runner:
+    """Owns the zygote and every run's processes. Reuse one Runner for many submissions."""
+
+    def __init__(self, *, limits: Limits | None = None, max_parallel: int = 9, sandbox: bool = True,
+                 python: str | None = None):
+        self.limits = limits or Limits()
+        self.max_parallel = max_parallel
+        self.use_sandbox = sandbox
+        self.python = python or sys.executable
+        self.conn: socket.socket | None = None
+        self.proc: subprocess.Popen | None = None
+        self.hello: dict | None = None
+        self.base = Path(tempfile.mkdtemp(prefix="grader-runs-"))
+        os.chmod(self.base, 0o711)
+        self._ids = 0
+        self.start()
+
+    # -- zygote -------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the zygote without waiting for it: its torch import overlaps the supervisor's work."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log = open(self.base / "zygote.log", "ab")
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.proc = subprocess.Popen([self.python, "-m", "grader.zygote", str(child.fileno())],
+                                     pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=log, env=env, cwd=root, start_new_session=True)
+        child.close()
+        log.close()
+        self.conn, self.hello = parent, None
+
+    def _ready(self) -> dict:
+        if self.hello is None:
+            self.conn.settimeout(120)
+            try:
+                data = self.conn.recv(1 << 16)
+            except (socket.timeout, OSError) as err:
+                raise GraderError(f"zygote did not start: {err}; see {self.base / 'zygote.log'}") from err
+            if not data:
+                raise GraderError(f"zygote exited at start-up; see {self.base / 'zygote.log'}: "
+                                  + self._zygote_log_tail())
+            self.hello = json.loads(data)
+            self.conn.settimeout(30)
+        return self.hello
+
+    def _zygote_log_tail(self) -> str:
+        try:
+            return (self.base / "zygote.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    @property
+    def layers(self) -> dict:
+        return self._ready()["layers"]
+
+    @property
+    def gpus(self) -> int:
+        return self._ready()["gpus"]
+
+    def layer_names(self) -> list[str]:
+        from .sandbox import Layers
+        lay = self.layers
+        layers = Layers(root=lay["root"] and self.use_sandbox, namespaces=lay["namespaces"] and self.use_sandbox,
+                        user_namespace=lay["user_namespace"])
+        return layers.names()
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+            self.proc = None
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- runs ---------------------------------------------------------------------------------
+    def run_many(self, requests: list[RunRequest]) -> list[RunOutcome]:
+        """Run every request (up to max_parallel at once) and return their outcomes, in order."""
+        self._ready()
+        queue = list(enumerate(requests))
+        results: dict[int, RunOutcome] = {}
+        active: dict[int, tuple[int, _Run]] = {}
+        free_slots = list(range(self.max_parallel))
+        sel = selectors.DefaultSelector()
+        try:
+            while queue or active:
+                while queue and free_slots:
+                    index, request = queue.pop(0)
+                    slot = free_slots.pop(0)
+                    try:
+                        run = self._launch(request, slot, sel)
+                    except GraderError as err:
+                        outcome = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)],
+                                             stop="grader_error", error=str(err))
+                        results[index] = outcome
+                        free_slots.append(slot)
+                        continue
+                    active[id(run)] = (index, run)
+                self._pump(sel, [run for _, run in active.values()])
+                for key, (index, run) in list(active.items()):
+                    if run.leader_gone and self._drained(run):
+                        self._finish(run, sel)
+                        results[index] = run.outcome
+                        free_slots.append(run.slot)
+                        del active[key]
+        finally:
+            for _, run in active.values():
+                self._kill(run, signal.SIGKILL)
+                self._finish(run, sel)
+            sel.close()
+        return [results[i] for i in range(len(requests))]
+
+    def _launch(self, request: RunRequest, slot: int, sel) -> _Run:
+        layers = self._ready()["layers"]
+        namespaces = layers["namespaces"] and self.use_sandbox
+        drop = layers["root"] and self.use_sandbox
+        uid = UID_BASE + (os.getpid() % 65536) * 64 + slot if drop else None
+        workdir = Path(tempfile.mkdtemp(prefix=f"run{slot}-", dir=self.base))
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+        os.chmod(workdir, 0o700)
+        run = _Run(request, slot, workdir, self.limits)
+        cwd = "/tmp" if namespaces else str(workdir)
+        send_fds, keep = [], []
+        for r in range(request.world_size):
+            spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
+            res_r, res_w = os.pipe2(os.O_CLOEXEC)
+            out_r, out_w = os.pipe2(os.O_CLOEXEC)
+            send_fds += [spec_r, res_w, out_w]
+            for fd in (spec_w, res_r, out_r):
+                os.set_blocking(fd, False)
+            spec = {"rank": r, "world_size": request.world_size, "source": request.source,
+                    "filename": request.filename, "backend": request.backend, "perturb": list(request.perturb),
+                    "seed": request.seeds[r] if request.seeds else None,
+                    "store": f"{cwd}/.store", "timeout": self.limits.wall_s}
+            run.pending[spec_w] = memoryview((json.dumps(spec) + "\n").encode())
+            run.fd_role.update({spec_w: ("spec", r), res_r: ("result", r), out_r: ("output", r)})
+            keep += [spec_w, res_r, out_r]
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(status_r, False)
+        send_fds.append(status_w)
+        run.fd_role[status_r] = ("status", -1)
+        self._ids += 1
+        req = {"id": self._ids, "world_size": request.world_size, "uid": uid, "cwd": cwd,
+               "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
+               "limits": asdict(self.limits)}
+        try:
+            socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
+            data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
+            if not data or not fds:
+                raise GraderError("zygote closed the connection")
+        except (OSError, GraderError) as err:
+            for fd in send_fds + keep:
+                os.close(fd)
+            self.start()  # a fresh zygote for the next run
+            raise GraderError(f"could not start a run: {err}") from err
+        for fd in send_fds:
+            os.close(fd)
+        run.pidfd = fds[0]
+        run.started = run.last_progress = time.monotonic()
+        for fd, (role, _) in run.fd_role.items():
+            sel.register(fd, selectors.EVENT_WRITE if role == "spec" else selectors.EVENT_READ, run)
+        sel.register(run.pidfd, selectors.EVENT_READ, run)
+        return run
+
+    # -- event loop -----------------------------------------------------------------------------
+    def _pump(self, sel, runs: list[_Run]) -> None:
+        now = time.monotonic()
+        deadline = min((self._next_deadline(run) for run in runs), default=now + 0.1)
+        timeout = max(0.005, min(deadline - now, 0.25))
+        for key, events in sel.select(timeout):
+            run: _Run = key.data
+            fd = key.fd
+            if fd == run.pidfd:
+                run.leader_gone = True
+                sel.unregister(fd)
+                continue
+            role, r = run.fd_role[fd]
+            if role == "spec":
+                self._write_spec(run, fd, sel)
+            else:
+                self._read(run, fd, role, r, sel)
+        now = time.monotonic()
+        for run in runs:
+            self._police(run, now)
+
+    def _write_spec(self, run: _Run, fd: int, sel) -> None:
+        data = run.pending.get(fd)
+        try:
+            n = os.write(fd, data) if data else 0
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the rank is gone
+            n = len(data or b"")
+        data = data[n:] if data else None
+        if data:
+            run.pending[fd] = data
+        else:
+            run.pending.pop(fd, None)
+            sel.unregister(fd)  # kept open: the rank waits for its EOF, i.e. for the end of the run
+            run.fd_role[fd] = ("spec-held", run.fd_role[fd][1])
+
+    def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            sel.unregister(fd)
+            os.close(fd)
+            del run.fd_role[fd]
+            return
+        if role == "output":
+            record = run.outcome.ranks[r]
+            record.output_total += len(chunk)
+            room = run.limits.output_keep_kb * 1024 - len(record.output)
+            if room > 0:
+                record.output += chunk[:room]
+            if record.output_total > run.limits.output_max_mb << 20:
+                run.set_stop("output_limit", r)
+                self._stop(run)
+            return
+        buf = run.buffers.setdefault(fd, bytearray())
+        buf += chunk
+        if role == "result":
+            run.outcome.ranks[r].protocol_bytes += len(chunk)
+            if run.outcome.ranks[r].protocol_bytes > MAX_PROTOCOL:
+                run.set_stop("protocol", r)
+                self._stop(run)
+                return
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > MAX_LINE:
+                    run.set_stop("protocol", r)
+                    self._stop(run)
+                    buf.clear()
+                return
+            line = bytes(buf[:nl])
+            del buf[: nl + 1]
+            try:
+                message = json.loads(line)
+            except ValueError:
+                if role == "result":
+                    run.set_stop("protocol", r)
+                    self._stop(run)
+                continue
+            if not isinstance(message, dict):
+                continue
+            self._handle(run, role, r, message)
+
+    def _handle(self, run: _Run, role: str, r: int, msg: dict) -> None:
+        run.last_progress = time.monotonic()
+        kind = msg.get("t")
+        if role == "status":
+            if kind == "exit" and isinstance(msg.get("rank"), int) and 0 <= msg["rank"] < len(run.outcome.ranks):
+                record = run.outcome.ranks[msg["rank"]]
+                record.exit = {k: msg[k] for k in ("code", "signal") if k in msg}
+                if record.result is None and run.failfast_at is None:
+                    run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
+            elif kind == "leader_error":
+                run.outcome.error = f"sandbox could not be set up: {msg.get('error')}"
+                run.set_stop("grader_error")
+            return
+        record = run.outcome.ranks[r]
+        if kind == "enter":
+            record.calls.append(msg)
+            record.inside = msg
+        elif kind == "exit":
+            record.calls.append(msg)
+            record.inside = None
+        elif kind == "snap":
+            record.snapshot = msg.get("locals")
+        elif kind == "ready":
+            record.ready = True
+        elif kind == "note":
+            record.notes.append(str(msg.get("what")))
+        elif kind == "result" and record.result is None:
+            record.result = msg
+            record.inside = None
+            if msg.get("how") != "return" and run.failfast_at is None:
+                run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
+        elif kind == "setup_error":
+            record.setup_error = str(msg.get("error"))
+            run.outcome.error = f"rank {r}: {record.setup_error}"
+            run.set_stop("grader_error", r)
+        elif kind == "done":
+            record.done = True
+
+    def _next_deadline(self, run: _Run) -> float:
+        times = [run.started + run.limits.wall_s]
+        if self._stuck(run):
+            times.append(run.last_progress + DEADLOCK_GRACE_S)
+        if run.failfast_at is not None:
+            times.append(run.failfast_at)
+        if run.stopping_since is not None:
+            times.append(run.stopping_since + STOP_GRACE_S)
+        return min(times)
+
+    def _police(self, run: _Run, now: float) -> None:
+        if run.stopping_since is not None:
+            if not run.killed and now - run.stopping_since > STOP_GRACE_S:
+                self._kill(run, signal.SIGKILL)
+            return
+        ranks = run.outcome.ranks
+        if run.outcome.stop != "completed":
+            self._stop(run)
+        elif all(rec.finished for rec in ranks):
+            self._stop(run)
+        elif now - run.started > run.limits.wall_s:
+            run.set_stop("timeout")
+            self._stop(run)
+        elif run.failfast_at is not None and now >= run.failfast_at:
+            run.set_stop("failfast", next((rec.rank for rec in ranks if rec.failed), None))
+            self._stop(run)
+        elif self._stuck(run) and now - run.last_progress > DEADLOCK_GRACE_S:
+            run.set_stop("deadlock")
+            self._stop(run)
+
+    @staticmethod
+    def _stuck(run: _Run) -> bool:
+        """Some rank has finished and every other one waits inside a collective."""
+        ranks = run.outcome.ranks
+        return (any(rec.finished for rec in ranks)
+                and all(rec.finished or rec.inside is not None for rec in ranks))
+
+    def _stop(self, run: _Run) -> None:
+        if run.stopping_since is None:
+            run.stopping_since = time.monotonic()
+            run.outcome.elapsed = run.stopping_since - run.started
+            self._kill(run, signal.SIGTERM)
+
+    def _kill(self, run: _Run, sig: int) -> None:
+        if sig == signal.SIGKILL:
+            run.killed = True
+        if run.pidfd is not None and not run.leader_gone:
+            try:
+                signal.pidfd_send_signal(run.pidfd, sig)
+            except ProcessLookupError:
+                pass
+
+    def _drained(self, run: _Run) -> bool:
+        """After the leader is gone: read what the pipes still hold (bounded), without waiting."""
+        for fd, (role, r) in list(run.fd_role.items()):
+            if role in ("result", "output", "status"):
+                for _ in range(64):
+                    if fd not in run.fd_role:
+                        break
+                    try:
+                        chunk = os.read(fd, 1 << 16)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        break
+                    self._feed(run, fd, role, r, chunk)
+        return True
+
+    def _feed(self, run: _Run, fd: int, role: str, r: int, chunk: bytes) -> None:
+        if role == "output":
+            record = run.outcome.ranks[r]
+            record.output_total += len(chunk)
+            room = run.limits.output_keep_kb * 1024 - len(record.output)
+            if room > 0:
+                record.output += chunk[:room]
+            return
+        buf = run.buffers.setdefault(fd, bytearray())
+        buf += chunk
+        while (nl := buf.find(b"\n")) >= 0:
+            line = bytes(buf[:nl])
+            del buf[: nl + 1]
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                self._handle(run, role, r, message)
+
+    def _finish(self, run: _Run, sel) -> None:
+        if run.stopping_since is None:
+            run.outcome.elapsed = time.monotonic() - run.started
+        for fd in list(run.fd_role):
+            try:
+                sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            os.close(fd)
+        run.fd_role.clear()
+        for fd in list(run.pending):
+            run.pending.pop(fd)
+        if run.pidfd is not None:
+            try:
+                sel.unregister(run.pidfd)
+            except (KeyError, ValueError):
+                pass
+            os.close(run.pidfd)
+            run.pidfd = None
+        if run.outcome.stop == "completed" and not all(rec.finished for rec in run.outcome.ranks):
+            run.outcome.stop = "grader_error"
+            run.outcome.error = run.outcome.error or "the run ended before every rank reported"
+        shutil.rmtree(run.workdir, ignore_errors=True)

@@ -1,0 +1,254 @@
+"""Static inspection of a submission: which collectives `run_worker` can reach, and its definitions.
+
+Pure `ast`, no torch: it runs in the supervisor (for the static checks) and in every rank (to load
+only the submission's definitions, never its top-level launch calls such as `test_distributed()`).
+"""
+from __future__ import annotations
+
+import ast
+import copy
+from dataclasses import dataclass, field
+
+ENTRY = "run_worker"
+DIST = "torch.distributed"
+# Fully qualified names a collective may be reached through.
+COLLECTIVES = {
+    "all_reduce": {f"{DIST}.all_reduce", f"{DIST}.distributed_c10d.all_reduce"},
+    "all_gather": {f"{DIST}.all_gather", f"{DIST}.distributed_c10d.all_gather"},
+}
+# Calls that start processes: a top-level assignment that makes one is a launch, not a definition.
+LAUNCHERS = {"spawn", "start_processes", "Process", "Popen", "system", "fork", "run", "call",
+             "check_call", "check_output", "launch", "elastic_launch"}
+
+
+@dataclass
+class StaticReport:
+    """What the supervisor learns from the source alone."""
+    has_entry: bool = False
+    entry_line: int | None = None
+    entry_params: int = 0
+    reached: dict[str, list[int]] = field(default_factory=dict)  # collective -> lines of reaching calls
+    todo_left: bool = False          # run_worker still raises NotImplementedError (the stub)
+
+
+def _const_truth(test: ast.expr) -> bool | None:
+    """The truth of an `if` test that is a literal constant (`if False:`), else None."""
+    if isinstance(test, ast.Constant):
+        return bool(test.value)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _const_truth(test.operand)
+        return None if inner is None else not inner
+    return None
+
+
+def _dotted(node: ast.expr) -> list[str] | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return parts[::-1]
+    return None
+
+
+class _Scope:
+    """Names bound by imports or plain aliases (`d = torch.distributed`), mapped to qualified names."""
+
+    def __init__(self, parent: _Scope | None = None):
+        self.names: dict[str, str] = {}
+        self.parent = parent
+
+    def lookup(self, name: str) -> str | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if name in scope.names:
+                return scope.names[name]
+            scope = scope.parent
+        return None
+
+    def qualify(self, node: ast.expr) -> str | None:
+        parts = _dotted(node)
+        if not parts:
+            return None
+        base = self.lookup(parts[0])
+        if base is None:
+            return None
+        return ".".join([base, *parts[1:]])
+
+    def bind(self, stmt: ast.stmt) -> None:
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.asname:
+                    self.names[alias.asname] = alias.name
+                else:  # `import torch.distributed` binds `torch`
+                    top = alias.name.split(".")[0]
+                    self.names[top] = top
+        elif isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+            for alias in stmt.names:
+                self.names[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            qualified = self.qualify(stmt.value)
+            if qualified is not None:
+                self.names[stmt.targets[0].id] = qualified
+
+
+def _live_statements(body: list[ast.stmt]):
+    """Statements of a block that can run: skips `if False:` bodies and code after return/raise."""
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            truth = _const_truth(stmt.test)
+            if truth is None:
+                yield stmt
+            else:
+                yield from _live_statements(stmt.body if truth else stmt.orelse)
+            continue
+        if isinstance(stmt, ast.While) and _const_truth(stmt.test) is False:
+            yield from _live_statements(stmt.orelse)
+            continue
+        yield stmt
+        if isinstance(stmt, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+            return
+
+
+def _live_nodes(node: ast.AST):
+    """Every node below `node` that can run, pruning statically dead branches."""
+    if isinstance(node, (ast.If, ast.While)) and _const_truth(node.test) is not None:
+        return  # handled by _live_statements of the enclosing block
+    yield node
+    for name, value in ast.iter_fields(node):
+        if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
+            for stmt in _live_statements(value):
+                yield from _live_nodes(stmt)
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, ast.AST):
+                    yield from _live_nodes(item)
+        elif isinstance(value, ast.AST):
+            if isinstance(node, ast.IfExp) and name in ("body", "orelse"):
+                truth = _const_truth(node.test)
+                if truth is not None and (name == "body") != truth:
+                    continue
+            yield from _live_nodes(value)
+
+
+def _is_not_implemented_raise(stmt: ast.stmt) -> bool:
+    if not isinstance(stmt, ast.Raise) or stmt.exc is None:
+        return False
+    exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+
+def inspect_source(tree: ast.Module) -> StaticReport:
+    """Find `run_worker` and the collectives it reaches through calls into the submission's own code."""
+    report = StaticReport()
+    module_scope = _Scope()
+    functions: dict[str, ast.AST] = {}
+    for stmt in _live_statements(tree.body):
+        module_scope.bind(stmt)
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            functions[stmt.name] = stmt
+    entry = functions.get(ENTRY)
+    if not isinstance(entry, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return report
+    report.has_entry = True
+    report.entry_line = entry.lineno
+    report.entry_params = len(entry.args.posonlyargs) + len(entry.args.args)
+    report.todo_left = any(_is_not_implemented_raise(s) for s in _live_statements(entry.body))
+
+    reached: dict[str, set[int]] = {name: set() for name in COLLECTIVES}
+    visited: set[int] = set()
+
+    def walk(fn: ast.AST, parent_scope: _Scope) -> None:
+        if id(fn) in visited:
+            return
+        visited.add(id(fn))
+        scope = _Scope(parent_scope)
+        local_defs: dict[str, ast.AST] = {}
+        nodes = list(_live_nodes(fn))
+        for node in nodes:
+            if isinstance(node, ast.stmt) and node is not fn:
+                scope.bind(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+                local_defs[node.name] = node
+        for node in nodes:
+            if isinstance(node, ast.Call):
+                qualified = scope.qualify(node.func)
+                for name, targets in COLLECTIVES.items():
+                    if qualified in targets:
+                        reached[name].add(node.lineno)
+            # A reference to a function of the submission (called, or passed as a callback) reaches it.
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                target = local_defs.get(node.id) or functions.get(node.id)
+                if target is not None and target is not fn:
+                    walk(target, scope if node.id in local_defs else module_scope)
+
+    walk(entry, module_scope)
+    report.reached = {name: sorted(lines) for name, lines in reached.items() if lines}
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Definitions only: what a rank executes of the submission.
+
+def _calls_in(node: ast.AST) -> list[str]:
+    names = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            parts = _dotted(sub.func)
+            if parts:
+                names.append(parts[-1])
+    return names
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
+
+
+def _keep(stmt: ast.stmt, own_functions: set[str]) -> ast.stmt | None:
+    """The statement as a rank should run it, or None when it is a launch or other top-level action."""
+    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return stmt
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        value = stmt.value
+        if value is None:
+            return stmt
+        called = _calls_in(value)
+        if any(name in own_functions or name in LAUNCHERS for name in called):
+            return None
+        return stmt
+    if isinstance(stmt, ast.If):
+        if _is_main_guard(stmt.test):
+            return None
+        return _with_bodies(stmt, own_functions, ("body", "orelse"))
+    if isinstance(stmt, ast.Try):
+        return _with_bodies(stmt, own_functions, ("body", "orelse", "finalbody"), handlers=True)
+    if isinstance(stmt, ast.With):
+        return _with_bodies(stmt, own_functions, ("body",))
+    return None  # bare expressions (calls), loops, asserts, raises ...
+
+
+def _filter_block(body: list[ast.stmt], own_functions: set[str]) -> list[ast.stmt]:
+    return [k for k in (_keep(s, own_functions) for s in body) if k is not None]
+
+
+def _with_bodies(stmt, own_functions, fields, handlers=False):
+    for name in fields:
+        block = getattr(stmt, name)
+        if block:
+            kept = _filter_block(block, own_functions)
+            if name == "body" and not kept:
+                kept = [ast.copy_location(ast.Pass(), block[0])]
+            setattr(stmt, name, kept)
+    if handlers:
+        for handler in stmt.handlers:
+            handler.body = _filter_block(handler.body, own_functions) or [ast.copy_location(ast.Pass(), handler)]
+    return stmt
+
+
+def definitions_only(tree: ast.Module) -> ast.Module:
+    """A copy of the module keeping imports, functions, classes and constants, not launch calls."""
+    tree = copy.deepcopy(tree)
+    own = {s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    tree.body = _filter_block(tree.body, own)
+    return tree

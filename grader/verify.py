@@ -1,0 +1,220 @@
+"""Policy: decide each runtime check from the runs of one world size.
+
+Per world size the grader makes a clean run and a perturbed run (see perturb.py). A check passes when,
+on every rank, the clean value is right (shape, floating dtype, values) *and* the perturbed value moved
+by exactly the shift the secret deltas imply: numbers computed locally cannot move, so they score 0
+even when the submission also calls the collectives on throwaway tensors.
+
+Honest code that asserts its own expected values raises in the perturbed run; that is expected there,
+and its values are read from run_worker's locals at the exception (or at its last collective, when
+another rank's exception left it waiting). Order of verdicts on a rank: no value (the reason it stopped),
+wrong type, wrong value, not through the collective, pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import diagnose, perturb
+from .checks import FEATURE_NUMEL, GRADIENT_NUMEL, CheckSpec, expected_feature, expected_gradient
+from .diagnose import FLOAT_DTYPES, all_close
+from .model import CheckResult, Note, Outcome
+from .runner import RankRecord, RunOutcome
+
+QUANTITIES = ("gradient", "full_feature")
+FAMILY_OF = {"gradient": "all_reduce", "full_feature": "all_gather"}
+FAMILY_OPS = {"all_reduce": ("all_reduce",), "all_gather": ("all_gather", "all_gather_into_tensor", "_all_gather_base")}
+
+
+@dataclass
+class WorldSizeRuns:
+    world_size: int
+    clean: RunOutcome
+    perturbed: list[RunOutcome] = field(default_factory=list)  # the both-collectives run, then single ones
+
+
+def expected(quantity: str, ws: int) -> list[float]:
+    if quantity == "gradient":
+        return [expected_gradient(ws)] * GRADIENT_NUMEL
+    return expected_feature(ws)
+
+
+def rank_values(record: RankRecord, names: dict | None = None) -> dict:
+    """The gradient and full_feature a rank ended with: returned, else run_worker's final locals,
+    else (killed while waiting in a collective) the locals it held when it entered that collective."""
+    result = record.result
+    if result is not None and result.get("how") == "return" and result.get("returned"):
+        return result["returned"]
+    pool = (result or {}).get("locals") if result is not None else record.snapshot
+    pool = pool or {}
+    names = names or {}
+    return {q: pool.get(names.get(q, q)) or pool.get(q) for q in QUANTITIES}
+
+
+def judge(desc: dict | None, quantity: str, ws: int) -> tuple[Outcome, str | None]:
+    """Clean value against the exercise: (PASS, None) or (outcome, detail key)."""
+    if desc is None:
+        return Outcome.MISSING, None
+    if desc.get("kind") != "tensor":
+        return Outcome.BAD_TYPE, "detail.not_tensor"
+    if not desc.get("plain"):
+        return Outcome.BAD_TYPE, "detail.subclass"
+    if desc.get("dtype") not in FLOAT_DTYPES:
+        return Outcome.WRONG, "detail.dtype"
+    if desc.get("shape") != diagnose.EXPECTED_SHAPES[quantity](ws):
+        return Outcome.WRONG, "detail.shape"
+    if not all_close(desc.get("values") or [], expected(quantity, ws), desc["dtype"]):
+        return Outcome.WRONG, "detail.values"
+    return Outcome.PASS, None
+
+
+# ------------------------------------------------------------------------------------------------
+# Through the collective?
+
+def _shift_ok(delta: list[float], shift: list[float], dtype: str) -> bool:
+    tol = 6e-2 if dtype in ("torch.float16", "torch.bfloat16") else 1e-4
+    return len(delta) == len(shift) and all(abs(d - s) <= tol + 1e-6 * abs(s) for d, s in zip(delta, shift))
+
+
+def _enters(record: RankRecord, ops: tuple[str, ...]) -> list[dict]:
+    return [c for c in record.calls if c.get("t") == "enter" and c.get("op") in ops]
+
+
+def _pattern_of(call: dict, seed: int, key: str) -> list | None:
+    arg = (call.get("args") or {}).get(key) or {}
+    if "numel" not in arg:
+        return None
+    pat = perturb.pattern(seed, call["op"], call["n"], arg["numel"], arg.get("dtype", ""))
+    return None if pat is None else perturb.expand(pat, arg["numel"])
+
+
+def expected_shifts(run: RunOutcome, quantity: str) -> list[list[float]]:
+    """Every shift the perturbation could have caused, one per call index of the collective."""
+    ws = run.request.world_size
+    seeds = run.request.seeds
+    ops = FAMILY_OPS[FAMILY_OF[quantity]]
+    per_rank = [_enters(rec, ops) for rec in run.ranks]
+    shifts = []
+    for k in range(min((len(calls) for calls in per_rank), default=0)):
+        calls = [calls[k] for calls in per_rank]
+        if quantity == "gradient":
+            pats = [_pattern_of(c, seeds[r], "tensor") for r, c in enumerate(calls)]
+            if any(p is None or len(p) < GRADIENT_NUMEL for p in pats):
+                continue
+            shifts.append([sum(p[i] for p in pats) / ws for i in range(GRADIENT_NUMEL)])
+        else:
+            key = lambda c: "tensor" if c["op"] == "all_gather" else "input_tensor"  # noqa: E731
+            pats = [_pattern_of(c, seeds[r], key(c)) for r, c in enumerate(calls)]
+            if any(p is None or len(p) < FEATURE_NUMEL for p in pats):
+                continue
+            shifts.append([v for p in pats for v in p[:FEATURE_NUMEL]])
+    return shifts
+
+
+def _perturbed_value(runs: WorldSizeRuns, quantity: str, rank: int, names: dict):
+    """(run, value) from the first perturbed run that perturbed this quantity's collective and holds it."""
+    family = FAMILY_OF[quantity]
+    for run in runs.perturbed:
+        if family not in (run.request.perturb or ()):
+            continue
+        if run.stop == "grader_error":
+            continue
+        desc = rank_values(run.ranks[rank], names).get(quantity)
+        if desc is not None and desc.get("kind") == "tensor" and desc.get("plain"):
+            return run, desc
+    return None, None
+
+
+def through_collective(runs: WorldSizeRuns, quantity: str, rank: int, clean_desc: dict, names: dict) -> bool | None:
+    """True: the value moved with the perturbation. False: it did not. None: it could not be observed."""
+    run, desc = _perturbed_value(runs, quantity, rank, names)
+    if run is None:
+        return None
+    clean = [float(v) for v in clean_desc["values"]]
+    moved = [float(v) for v in desc.get("values") or []]
+    if len(moved) != len(clean):
+        return False
+    delta = [m - c for m, c in zip(moved, clean)]
+    return any(_shift_ok(delta, shift, clean_desc["dtype"]) for shift in expected_shifts(run, quantity))
+
+
+def missing_observations(runs: WorldSizeRuns) -> list[str]:
+    """Collectives whose perturbed values no perturbed run holds yet, for clean values that are right."""
+    wanted = []
+    for quantity in QUANTITIES:
+        for rec in runs.clean.ranks:
+            names = (rec.result or {}).get("names") or {}
+            clean_desc = rank_values(rec).get(quantity)
+            if judge(clean_desc, quantity, runs.world_size)[0] is not Outcome.PASS:
+                continue
+            if _perturbed_value(runs, quantity, rec.rank, names)[0] is None:
+                wanted.append(FAMILY_OF[quantity])
+                break
+    return wanted
+
+
+# ------------------------------------------------------------------------------------------------
+
+def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
+    """One runtime check (a world size and a collective), over every rank."""
+    quantity, ws, run = spec.quantity, runs.world_size, runs.clean
+    if run.stop == "grader_error":
+        return CheckResult(spec, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": run.error or ""})])
+    verdicts: list[tuple[int, Outcome, list[Note], list[Note]]] = []
+    for rec in run.ranks:
+        names = (rec.result or {}).get("names") or {}
+        desc = rank_values(rec).get(quantity)
+        outcome, detail = judge(desc, quantity, ws)
+        failure = diagnose.rank_failure(run, rec)
+        notes: list[Note] = []
+        details: list[Note] = []
+        if outcome is Outcome.MISSING:
+            if failure is not None:
+                outcome, note = failure
+                notes.append(note)
+            else:
+                notes.append(Note("fail.missing", {"rank": rec.rank, "quantity": quantity,
+                                                   "returned": (rec.result or {}).get("returned_type", "?")}))
+        elif outcome is not Outcome.PASS:
+            if failure is not None:  # a wrong value left behind by an exception: the exception is the news
+                outcome, note = failure
+                notes.append(note)
+            if detail == "detail.values" or detail == "detail.shape" or detail == "detail.dtype":
+                cause = (diagnose.wrong_gradient if quantity == "gradient" else diagnose.wrong_feature)(desc, ws, rec)
+                notes.extend(cause)
+                if detail == "detail.dtype":
+                    notes.append(Note("cause.integer_dtype", {"dtype": desc.get("dtype")}))
+            notes.append(Note(detail, {"rank": rec.rank, "quantity": quantity}))
+            details.append(Note("detail.rank_value", {
+                "rank": rec.rank, "quantity": quantity,
+                "expected_shape": diagnose.EXPECTED_SHAPES[quantity](ws),
+                "expected": diagnose.preview(expected(quantity, ws)),
+                "shape": desc.get("shape") if desc else None, "dtype": desc.get("dtype") if desc else None,
+                "values": diagnose.preview(desc.get("values") if desc else None)}))
+        else:
+            moved = through_collective(runs, quantity, rec.rank, desc, names)
+            if moved is not True:
+                outcome = Outcome.NOT_COLLECTIVE
+                notes.append(Note("fail.not_collective" if moved is False else "fail.unobserved",
+                                  {"rank": rec.rank, "op": FAMILY_OF[quantity]}))
+        verdicts.append((rec.rank, outcome, notes, details))
+
+    failed = [v for v in verdicts if v[1] is not Outcome.PASS]
+    if not failed:
+        return CheckResult(spec, Outcome.PASS, score=spec.points, notes=[Note("pass.runtime", {"op": spec.collective})])
+    first_rank, outcome, _, _ = failed[0]
+    notes, details = [], []
+    seen = set()
+    for _, _, rank_notes, rank_details in failed:
+        for note in rank_notes:
+            marker = (note.key, tuple(sorted((k, str(v)) for k, v in note.params.items() if k != "rank")))
+            if note.key.startswith("cause.") and marker in seen:
+                continue
+            seen.add(marker)
+            notes.append(note)
+        details.extend(rank_details)
+    mismatch = diagnose.mismatched_calls(run)
+    if mismatch is not None:
+        notes.append(mismatch)
+    if any(diagnose.async_without_wait(rec) for rec in run.ranks):
+        notes.append(Note("cause.async_no_wait", {}))
+    return CheckResult(spec, outcome, notes=notes, details=details)

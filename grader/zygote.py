@@ -1,0 +1,204 @@
+"""The zygote: one warm process that has imported torch, and forks each run's process tree from it.
+
+    python -m grader.zygote FD      (started by runner.Runner; FD is a SOCK_SEQPACKET to the supervisor)
+
+Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
+milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang), and never
+runs student code: that happens two forks below it, in the sandbox (see sandbox.py for the tree).
+
+Protocol: the supervisor sends one JSON request per run with the run's pipe ends attached (SCM_RIGHTS);
+the zygote forks the run's leader and answers {"id", "pid"} with a pidfd of the leader attached, which
+the supervisor uses to stop the run without any race on process ids.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+import torch  # noqa: F401  (the point of the zygote: imported once, shared by every fork)
+import torch.distributed  # noqa: F401
+
+from . import rank, sandbox
+
+
+def _gpu_count() -> int:
+    """GPUs visible to ranks, counted in a throwaway child: CUDA must never be initialised in the zygote."""
+    if not os.path.exists("/dev/nvidiactl"):
+        return 0
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            count = torch.cuda.device_count()
+        except BaseException:
+            count = 0
+        os.write(write, str(count).encode())
+        os._exit(0)
+    os.close(write)
+    data = os.read(read, 32)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return int(data or b"0")
+
+
+def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: int) -> None:
+    """pid 1 of the run's pid namespace: fork the ranks, report each one's end, exit when all have ended."""
+    sandbox.set_parent_death_signal(signal.SIGKILL)
+    if req["namespaces"]:
+        sandbox.fresh_proc()
+    pids = {}
+    for r, (spec_fd, result_fd, out_fd) in enumerate(rank_fds):
+        pid = os.fork()
+        if pid == 0:
+            _rank_process(req, spec_fd, result_fd, out_fd, status_fd, rank_fds)
+        pids[pid] = r
+    for fds in rank_fds:
+        for fd in fds:
+            os.close(fd)
+    remaining = set(pids)
+    while remaining:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        if pid in remaining:
+            remaining.discard(pid)
+            report = {"t": "exit", "rank": pids[pid]}
+            if os.WIFSIGNALED(status):
+                report["signal"] = os.WTERMSIG(status)
+            else:
+                report["code"] = os.WEXITSTATUS(status)
+            os.write(status_fd, (json.dumps(report) + "\n").encode())
+    os._exit(0)  # as pid 1, this takes every leftover process of the run with it
+
+
+def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
+    try:
+        os.setsid()  # a rank that kills its own process group kills only itself
+        sandbox.set_parent_death_signal(signal.SIGKILL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        keep = {0, 1, 2, spec_fd, result_fd}
+        for fds in all_fds:
+            for fd in fds:
+                if fd not in keep:
+                    os.close(fd)
+        for fd in (devnull, status_fd):
+            os.close(fd)
+        limits = sandbox.Limits(**req["limits"])
+        drop = req["uid"] is not None
+        sandbox.apply_limits(limits, uid_limits=drop)
+        if drop:
+            sandbox.drop_privileges(req["uid"])
+        os.chdir(req["cwd"])
+        os.environ.update({"HOME": req["cwd"], "TMPDIR": req["cwd"], "GLOO_SOCKET_IFNAME": "lo",
+                           "MASTER_ADDR": "127.0.0.1"})
+        sys.stdout.reconfigure(line_buffering=True)
+    except BaseException as err:
+        os.write(result_fd, (json.dumps({"t": "setup_error", "error": f"sandbox: {err}"}) + "\n").encode())
+        os._exit(70)
+    rank.rank_main(spec_fd, result_fd)
+
+
+def _leader(req: dict, fds: list[int], conn_fd: int) -> None:
+    """The run's leader: enter fresh namespaces, fork pid 1, and wait for it. SIGTERM stops the whole run."""
+    try:
+        os.close(conn_fd)
+        os.setsid()
+        status_fd = fds[-1]
+        rank_fds = [tuple(fds[3 * r: 3 * r + 3]) for r in range(req["world_size"])]
+        if req["namespaces"]:
+            sandbox.enter_namespaces(req["user_namespace"])
+            if req["uid"] is not None:
+                sandbox.expose_interpreter()
+            sandbox.private_tmp(req["workdir"])
+        child = os.fork()
+        if child == 0:
+            _init_process(req, rank_fds, status_fd)
+        for fd in fds:
+            os.close(fd)
+
+        def stop(signum, frame):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if not req["namespaces"]:  # no pid namespace: the session is the best handle we have
+                try:
+                    os.killpg(os.getpgrp(), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+        signal.signal(signal.SIGTERM, stop)
+        while True:
+            try:
+                os.waitpid(child, 0)
+                break
+            except ChildProcessError:
+                break
+        os._exit(0)
+    except BaseException as err:
+        try:
+            os.write(fds[-1], (json.dumps({"t": "leader_error", "error": str(err)}) + "\n").encode())
+        finally:
+            os._exit(71)
+
+
+def serve(conn: socket.socket) -> None:
+    layers = sandbox.probe()
+    rank.install_hooks()
+    conn.send(json.dumps({"t": "hello", "pid": os.getpid(), "gpus": _gpu_count(),
+                          "layers": {"root": layers.root, "namespaces": layers.namespaces,
+                                     "user_namespace": layers.user_namespace}}).encode())
+    signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 64)
+        except InterruptedError:
+            continue
+        if not data:
+            return
+        req = json.loads(data)
+        # No reaping between fork and pidfd_open: the pid cannot be reused before we hold its pidfd.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            _leader(req, fds, conn.fileno())
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        socket.send_fds(conn, [json.dumps({"t": "started", "id": req["id"], "pid": pid}).encode()], [pidfd])
+        os.close(pidfd)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    conn = socket.socket(fileno=fd)
+    try:
+        serve(conn)
+    except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
+        pass
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
