@@ -1,9 +1,10 @@
 # make grade   -- set up .venv (if needed) and grade the example class in examples/
 # make test    -- set up .venv (if needed) and run the test suite
-# make bench   -- grading cost against a plain `import torch`
+# make bench   -- batch grading against the seed-style harness, and `grade` against a plain `import torch`
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
+GRADE_LANG ?= en
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: venv grade test bench clean
@@ -17,11 +18,13 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 grade: $(STAMP)
-	@for f in examples/*; do $(BIN)/python -m grader grade "$$f" --results build/examples/$$(basename "$$f").json >/dev/null; done
-	@$(BIN)/python -c "import json,glob; [print(f\"{p.split('/')[-1][:-5]:<28} {json.load(open(p))['score']:>5}\") for p in sorted(glob.glob('build/examples/*.json'))]"
+	$(BIN)/python -m grader batch examples --out build/examples --jobs 2 --lang $(GRADE_LANG)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench.py
 
 clean:
 	rm -rf build

@@ -96,3 +96,5 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.func(args)
+
+from . import batch, gradescope  # noqa: E402,F401  (each registers its verb in EXTRA_COMMANDS)

@@ -6,8 +6,11 @@ explains. Keys are documented in messages.py.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import signal
 
+from . import static
 from .checks import FEATURE_NUMEL, GRADIENT_NUMEL, expected_gradient
 from .model import Note, Outcome
 from .runner import RankRecord, RunOutcome
@@ -82,6 +85,8 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     if "code" in exit_info:
         return Outcome.EARLY_EXIT, Note("fail.os_exit", {"rank": r, "code": exit_info["code"]})
     if run.stop == "timeout":
+        if run.process_limit_hit:
+            return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
         return Outcome.TIMEOUT, _where(record, "fail.timeout")
     if run.stop == "deadlock":
         return Outcome.DEADLOCK, _where(record, "fail.deadlock")
@@ -119,10 +124,13 @@ def wrong_gradient(desc: dict, ws: int, record: RankRecord) -> list[Note]:
     dtype = desc.get("dtype", "")
     expected = expected_gradient(ws)
     notes = []
-    if values and all(close(float(v), expected * ws, dtype) for v in values):
+    if dtype not in FLOAT_DTYPES:
+        notes.append(Note("cause.integer_dtype", {"dtype": dtype}))  # the values say nothing more
+    elif values and all(close(float(v), expected * ws, dtype) for v in values):
         notes.append(Note("cause.summed_not_averaged", {"ws": ws}))
     elif values and all(close(float(v), record.rank + 1, dtype) for v in values):
-        notes.append(Note("cause.unchanged", {"op": "all_reduce"}))
+        if not _failed_inside(record, "all_reduce"):  # a collective that raised leaves the input as it was
+            notes.append(Note("cause.unchanged", {"op": "all_reduce"}))
     elif values and _looks_hardcoded(values, ws, dtype):
         notes.append(Note("cause.hardcoded_ws", {}))
     if _calls(record, "reduce") and not _calls(record, "all_reduce"):
@@ -138,14 +146,11 @@ def _looks_hardcoded(values: list, ws: int, dtype: str) -> bool:
 def wrong_feature(desc: dict, ws: int, record: RankRecord) -> list[Note]:
     notes = []
     shape = desc.get("shape") or []
+    if desc.get("dtype") not in FLOAT_DTYPES:
+        notes.append(Note("cause.integer_dtype", {"dtype": desc.get("dtype")}))
     if shape == [ws, FEATURE_NUMEL]:
         notes.append(Note("cause.stack_not_cat", {"shape": shape}))
-    for call in _calls(record, "all_gather"):
-        out = (call.get("args") or {}).get("tensor_list") or {}
-        if out.get("len") is not None and out["len"] != ws:
-            notes.append(Note("cause.gather_list_size", {"got": out["len"]}))
-        elif out.get("distinct") is not None and out["distinct"] < out.get("len", 0):
-            notes.append(Note("cause.shared_buffers", {}))
+    notes += gather_list_causes(record, ws)
     values = desc.get("values") or []
     if values and len(values) == ws * FEATURE_NUMEL and all(float(v) == float(ws - 1) for v in values) and ws > 1:
         if not any(n.key == "cause.shared_buffers" for n in notes):
@@ -153,24 +158,92 @@ def wrong_feature(desc: dict, ws: int, record: RankRecord) -> list[Note]:
     return notes
 
 
+def gather_list_causes(record: RankRecord, ws: int) -> list[Note]:
+    """What the all_gather calls of a rank got wrong about their output list (from the call log)."""
+    notes = []
+    for call in _calls(record, "all_gather"):
+        out = (call.get("args") or {}).get("tensor_list") or {}
+        if out.get("len") is not None and out["len"] != ws:
+            notes.append(Note("cause.gather_list_size", {"got": out["len"]}))
+        elif out.get("distinct") is not None and out["distinct"] < out.get("len", 0):
+            notes.append(Note("cause.shared_buffers", {}))
+    return notes
+
+
+def call_causes(record: RankRecord, family: str, ws: int) -> list[Note]:
+    """Mistakes the call log shows whatever became of the value (it may never have been returned)."""
+    if family == "all_gather":
+        return gather_list_causes(record, ws)
+    notes = []
+    for call in _calls(record, "all_reduce"):
+        dtype = ((call.get("args") or {}).get("tensor") or {}).get("dtype")
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            notes.append(Note("cause.integer_dtype", {"dtype": dtype}))
+            break
+    if _calls(record, "reduce") and not _calls(record, "all_reduce"):
+        notes.append(Note("cause.reduce_not_all_reduce", {}))
+    return notes
+
+
+def _failed_inside(record: RankRecord, op: str) -> bool:
+    return any(c.get("t") == "exit" and c.get("op") == op and not c.get("ok") for c in record.calls)
+
+
 def shape_note(desc: dict, expected_shape: list[int]) -> Note:
     return Note("detail.value", {"expected_shape": expected_shape, "shape": desc.get("shape"),
                                  "dtype": desc.get("dtype"), "values": preview(desc.get("values"))})
 
 
+def _signature(call: dict) -> str:
+    """A collective as the ranks must agree on it: its name and the sizes it moves."""
+    args = call.get("args") or {}
+    sizes = [str(a["numel"]) if "numel" in a else f"{a['len']}x" for a in args.values()
+             if isinstance(a, dict) and ("numel" in a or "len" in a)]
+    return f"{call['op']}({', '.join(sizes)})" if sizes else call["op"]
+
+
+def _own_fault_outside(run: RunOutcome, record: RankRecord) -> bool:
+    """The rank stopped for a reason of its own away from any collective (an exception, an exit, a loop)."""
+    result = record.result
+    if result is not None and result.get("how") in ("raise", "exit", "load_error"):
+        last = record.calls[-1] if record.calls else None
+        return not (last is not None and last.get("t") == "exit" and not last.get("ok"))
+    return result is None and record.inside is None and run.stop == "timeout"
+
+
 def mismatched_calls(run: RunOutcome) -> Note | None:
-    """Ranks that called different collectives, in a different order (gloo may pair them silently)."""
-    sequences = [tuple(c["op"] for c in rec.calls if c.get("t") == "enter") for rec in run.ranks]
+    """Ranks that called different collectives, or in a different order or size (gloo may pair them
+    silently, hang, or abort). Not said when a rank stopped on its own mistake outside the collectives:
+    then the other ranks' extra calls are a consequence, not the cause."""
+    sequences = [tuple(_signature(c) for c in rec.calls if c.get("t") == "enter") for rec in run.ranks]
     if len(set(sequences)) <= 1:
         return None
-    listing = "; ".join(f"rank {rec.rank}: {calls_summary(rec)}" for rec in run.ranks)
+    if any(_own_fault_outside(run, rec) for rec in run.ranks):
+        return None
+    listing = "; ".join(f"rank {rec.rank}: {', '.join(seq) or '-'}" for rec, seq in zip(run.ranks, sequences))
     return Note("cause.mismatch", {"calls": listing})
 
 
-def async_without_wait(record: RankRecord) -> bool:
-    entered = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "enter" and (c.get("args") or {}).get("async_op")}
+def async_without_wait(record: RankRecord, family: str | None = None) -> bool:
+    """An async_op=True collective (of this family) whose wait() was never called."""
+    entered = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "enter" and (c.get("args") or {}).get("async_op")
+               and (family is None or c["op"] in FAMILY_OPS[family])}
     left = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "exit"}
     return bool(entered - left)
 
 
+FAMILY_OPS = {"all_reduce": ("all_reduce", "reduce"), "all_gather": ("all_gather", "all_gather_into_tensor", "_all_gather_base")}
 EXPECTED_SHAPES = {"gradient": lambda ws: [GRADIENT_NUMEL], "full_feature": lambda ws: [ws * FEATURE_NUMEL]}
+
+
+@functools.lru_cache(maxsize=8)
+def _assigned(source: str) -> dict:
+    try:
+        return static.assigned_results(ast.parse(source))
+    except (SyntaxError, ValueError):
+        return {}
+
+
+def assigned_result(source: str, family: str) -> list[int]:
+    """Lines where the submission assigns what this collective returns (None, unless async_op=True)."""
+    return _assigned(source or "").get(family, [])

@@ -73,6 +73,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                      "Rank {rank}: no {quantity} was found. run_worker should return (gradient, full_feature), or keep them in variables named gradient and full_feature (it returned {returned})."),
     "fail.not_collective": ("进程 {rank}：结果的数值是对的，但并不是通过 dist.{op} 得到的（评分器改变了通信的数据，你的结果没有随之变化）。请用集合通信的结果，不要在本地直接算出答案。",
                             "Rank {rank}: the numbers are right but did not come through dist.{op} (the grader changed the data in flight and your result did not follow). Use what the collective returns instead of computing the answer locally."),
+    "fail.async_no_wait": ("进程 {rank}：dist.{op} 用 async_op=True 发起后没有调用 wait()，读到的结果不可靠（这次碰巧是对的也不算）。请调用 work.wait() 后再使用结果。",
+                           "Rank {rank}: dist.{op} was started with async_op=True and never wait()ed, so reading its result is a race (right by luck does not count). Call work.wait() before using the result."),
     "fail.unobserved": ("进程 {rank}：无法确认结果来自 dist.{op}。请 return (gradient, full_feature)。",
                         "Rank {rank}: the grader could not confirm the result came through dist.{op}. Return (gradient, full_feature)."),
     # --- what is wrong with a value
@@ -101,8 +103,12 @@ CATALOG: dict[str, tuple[str, str]] = {
                                "Cause: the all_gather output list must hold exactly world_size buffers, one per rank."),
     "cause.shared_buffers": ("原因：输出列表里的缓冲区共享同一块内存（例如 [buf] * world_size），每个位置最后都是最后一个进程的数据。请为每个进程创建独立的张量。",
                              "Cause: the output buffers share memory (e.g. [buf] * world_size), so every slot ends with the last rank's data. Make one tensor per rank."),
-    "cause.mismatch": ("原因：各进程调用的集合通信不一致（gloo 可能会把不同的通信错配在一起，得到错误结果）：{calls}",
-                       "Cause: the ranks called different collectives (gloo may pair mismatched calls and return garbage): {calls}"),
+    "cause.mismatch": ("原因：各进程调用的集合通信不一致（每个进程必须按相同顺序、用相同大小调用同样的集合通信；gloo 可能把不同的调用错配在一起，得到错误结果、卡住或崩溃）。各进程依次调用了：{calls}",
+                       "Cause: the ranks did not call the same collectives (every rank must make the same calls, in the same order, with the same sizes; gloo may pair mismatched calls and return garbage, hang or abort). In order, {calls}"),
+    "cause.mismatch_generic": ("原因：各进程调用的集合通信不一致（例如只有部分进程调用了某个集合通信）。每个进程必须按相同顺序调用同样的集合通信。",
+                               "Cause: the ranks did not call the same collectives (e.g. a collective that only some ranks call). Every rank must make the same calls in the same order."),
+    "cause.assigned_none": ("原因：dist.{op} 是原地操作，返回 None（只有 async_op=True 时返回一个 work 对象）；t = dist.{op}(...) 会把变量变成 None。直接调用 dist.{op}(...)，然后使用原来的张量。",
+                            "Cause: dist.{op} works in place and returns None (a work handle only with async_op=True), so t = dist.{op}(...) leaves None in t. Call dist.{op}(...) on its own and keep using the tensors you passed."),
     "cause.async_no_wait": ("原因：async_op=True 发起的通信没有调用 wait()，结果可能还没到。",
                             "Cause: a collective started with async_op=True was never wait()ed, so its result may not have arrived."),
     # --- hints for hidden checks, by outcome (no values, no code)
@@ -129,6 +135,13 @@ CATALOG: dict[str, tuple[str, str]] = {
                          "  rank {rank} {op}: {ms:.2f} ms; {size} bytes of data, a ring sends about {volume} bytes per rank ({formula}), about {bandwidth}"),
     "status.passed": ("通过", "passed"),
     "status.failed": ("未通过", "failed"),
+    # --- batch (for TAs)
+    "batch.verdicts": ("结论统计：", "Verdicts:"),
+    "batch.mean_median": ("{count} 份提交：平均分 {mean:.1f}，中位数 {median:g}（满分 {max:g}）",
+                          "{count} submissions: mean {mean:.1f}, median {median:g} (out of {max:g})"),
+    "batch.histogram": ("总分分布：", "Totals:"),
+    "batch.done": ("本次评分 {graded} 份，沿用已有结果 {reused} 份，清理临时文件 {swept} 个，用时 {seconds:.1f} 秒。成绩表：{csv}",
+                   "Graded {graded}, reused {reused} up-to-date results, swept {swept} temporary files, in {seconds:.1f} s. Gradebook: {csv}"),
     "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; {gpus} are visible."),
 }
 

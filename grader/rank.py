@@ -116,7 +116,7 @@ class _RankState:
         return k
 
     def snapshot(self) -> None:
-        """In a perturbed run, the tensors run_worker holds when it enters a collective (it may never return)."""
+        """The tensors run_worker holds when it enters a collective (it may never return)."""
         frame = _getframe(2)
         while frame is not None and frame.f_code is not self.entry_code:
             frame = frame.f_back
@@ -177,8 +177,7 @@ def _wrap_collective(name: str, original):
         except TypeError:
             return original(*args, **kwargs)  # torch's own error message, from torch
         k = state.next_index(name)
-        if state.perturb:
-            state.snapshot()
+        state.snapshot()  # every run: a rank that never returns is judged on what it held here
         state.channel.send(t="enter", op=name, n=k, args=_call_info(bound.arguments))
         if family is not None and family in state.perturb:
             _apply_delta(state, name, k, bound)

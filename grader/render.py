@@ -17,7 +17,9 @@ HINTS = {
 # Causes a hidden check may show: they name a mistake and carry no values.
 SAFE_CAUSES = {"cause.summed_not_averaged", "cause.hardcoded_ws", "cause.reduce_not_all_reduce",
                "cause.integer_dtype", "cause.stack_not_cat", "cause.gather_list_size", "cause.shared_buffers",
-               "cause.async_no_wait"}
+               "cause.async_no_wait", "cause.assigned_none", "cause.unchanged", "cause.mismatch_generic"}
+# Causes whose visible text carries values: hidden checks show this value-free variant instead.
+HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic"}
 
 
 def note(n: Note, lang: str) -> str:
@@ -42,5 +44,6 @@ def check_lines(result: CheckResult, lang: str) -> list[str]:
     if result.passed:
         return [status(result, lang)]
     lines = [status(result, lang) + ": " + render(HINTS.get(result.outcome, "hint.wrong"), {}, lang)]
-    lines += [note(n, lang) for n in result.notes if n.key in SAFE_CAUSES]
+    keys = [HIDDEN_VARIANTS.get(n.key, n.key) for n in result.notes]
+    lines += [render(k, {"op": result.spec.collective}, lang) for k in keys if k in SAFE_CAUSES]
     return list(dict.fromkeys(lines))

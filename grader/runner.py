@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .sandbox import UID_BASE, Limits
+from .sandbox import UID_BASE, Limits, count_processes
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
 DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
@@ -83,13 +83,15 @@ class RunOutcome:
     stop_rank: int | None = None
     elapsed: float = 0.0
     error: str | None = None
+    processes: int | None = None  # processes of the run's uid when it was stopped (root mode only)
+    process_limit_hit: bool = False
 
 
 class _Run:
     """One run in flight: its pipes, its leader's pidfd, its records."""
 
-    def __init__(self, request: RunRequest, slot: int, workdir: Path, limits: Limits):
-        self.request, self.slot, self.workdir, self.limits = request, slot, workdir, limits
+    def __init__(self, request: RunRequest, slot: int, workdir: Path, limits: Limits, uid: int | None):
+        self.request, self.slot, self.workdir, self.limits, self.uid = request, slot, workdir, limits, uid
         self.outcome = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)])
         self.buffers: dict[int, bytearray] = {}
         self.fd_role: dict[int, tuple[str, int]] = {}
@@ -241,7 +243,7 @@ class Runner:
         if uid is not None:
             os.chown(workdir, uid, uid)
         os.chmod(workdir, 0o700)
-        run = _Run(request, slot, workdir, self.limits)
+        run = _Run(request, slot, workdir, self.limits, uid)
         cwd = "/tmp" if namespaces else str(workdir)
         send_fds, keep = [], []
         for r in range(request.world_size):
@@ -443,15 +445,21 @@ class Runner:
 
     @staticmethod
     def _stuck(run: _Run) -> bool:
-        """Some rank has finished and every other one waits inside a collective."""
+        """Every unfinished rank waits inside a collective that cannot complete: some rank has finished,
+        or the ranks wait in different collectives (all_reduce on one, all_gather on another)."""
         ranks = run.outcome.ranks
-        return (any(rec.finished for rec in ranks)
-                and all(rec.finished or rec.inside is not None for rec in ranks))
+        if not all(rec.finished or rec.inside is not None for rec in ranks):
+            return False
+        waiting = {(rec.inside.get("op"), rec.inside.get("n")) for rec in ranks if not rec.finished}
+        return any(rec.finished for rec in ranks) or len(waiting) > 1
 
     def _stop(self, run: _Run) -> None:
         if run.stopping_since is None:
             run.stopping_since = time.monotonic()
             run.outcome.elapsed = run.stopping_since - run.started
+            if run.uid is not None and run.outcome.stop != "completed":
+                run.outcome.processes = count_processes(run.uid)
+                run.outcome.process_limit_hit = run.outcome.processes >= run.limits.processes // 2
             self._kill(run, signal.SIGTERM)
 
     def _kill(self, run: _Run, sig: int) -> None:

@@ -41,7 +41,7 @@ class Limits:
     cpu_s: int = 20               # CPU seconds per rank
     file_mb: int = 16             # largest file a rank may write
     open_files: int = 256
-    processes: int = 256          # processes and threads of one run's uid (gloo needs ~16 per rank)
+    processes: int = 64           # processes and threads of one run's uid (a gloo rank uses ~4)
     output_keep_kb: int = 64      # output kept per rank; the rest is counted and dropped
     output_max_mb: int = 8        # past this much output from one rank, the run is stopped
 
@@ -199,6 +199,19 @@ def apply_limits(limits: Limits, uid_limits: bool) -> None:
     cap(resource.RLIMIT_CORE, 0)
     if uid_limits:  # RLIMIT_NPROC counts every process of the uid: only meaningful for a uid of our own
         cap(resource.RLIMIT_NPROC, limits.processes)
+
+
+def count_processes(uid: int) -> int:
+    """Processes (not threads) of `uid` alive now: tells a fork bomb from a plain endless loop."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += 1
+            except OSError:
+                pass
+    return count
 
 
 def drop_privileges(uid: int) -> None:

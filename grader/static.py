@@ -252,3 +252,35 @@ def definitions_only(tree: ast.Module) -> ast.Module:
     own = {s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
     tree.body = _filter_block(tree.body, own)
     return tree
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics: mistakes visible in the source (used only to explain a failed check).
+
+def assigned_results(tree: ast.Module) -> dict[str, list[int]]:
+    """Collectives whose return value is assigned (`t = dist.all_reduce(t)`) without async_op=True.
+
+    Collectives work in place and return None (a work handle only with async_op=True), so the
+    assigned name ends up None. Maps collective -> lines.
+    """
+    scope = _Scope()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign)):
+            scope.bind(node)
+    found: dict[str, set[int]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or not isinstance(node.value, ast.Call):
+            continue
+        call = node.value
+        qualified = scope.qualify(call.func)
+        for name, targets in COLLECTIVES.items():
+            if qualified not in targets:
+                continue
+            async_op = next((k.value for k in call.keywords if k.arg == "async_op"), None)
+            if async_op is None and len(call.args) > 3:  # all_reduce(t, op, group, async_op)
+                async_op = call.args[3]
+            if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+                continue  # *args / **kwargs: cannot tell
+            if async_op is None or isinstance(async_op, ast.Constant) and async_op.value is False:
+                found.setdefault(name, set()).add(node.lineno)
+    return {name: sorted(lines) for name, lines in found.items()}

@@ -157,12 +157,14 @@ def missing_observations(runs: WorldSizeRuns) -> list[str]:
 def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
     """One runtime check (a world size and a collective), over every rank."""
     quantity, ws, run = spec.quantity, runs.world_size, runs.clean
+    family = FAMILY_OF[quantity]
     if run.stop == "grader_error":
         return CheckResult(spec, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": run.error or ""})])
     verdicts: list[tuple[int, Outcome, list[Note], list[Note]]] = []
     for rec in run.ranks:
         names = (rec.result or {}).get("names") or {}
         desc = rank_values(rec).get(quantity)
+        from_snapshot = rec.result is None   # never returned: what it held when it entered its last collective
         outcome, detail = judge(desc, quantity, ws)
         failure = diagnose.rank_failure(run, rec)
         notes: list[Note] = []
@@ -178,43 +180,62 @@ def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
             if failure is not None:  # a wrong value left behind by an exception: the exception is the news
                 outcome, note = failure
                 notes.append(note)
-            if detail == "detail.values" or detail == "detail.shape" or detail == "detail.dtype":
-                cause = (diagnose.wrong_gradient if quantity == "gradient" else diagnose.wrong_feature)(desc, ws, rec)
-                notes.extend(cause)
-                if detail == "detail.dtype":
-                    notes.append(Note("cause.integer_dtype", {"dtype": desc.get("dtype")}))
-            notes.append(Note(detail, {"rank": rec.rank, "quantity": quantity}))
-            details.append(Note("detail.rank_value", {
-                "rank": rec.rank, "quantity": quantity,
-                "expected_shape": diagnose.EXPECTED_SHAPES[quantity](ws),
-                "expected": diagnose.preview(expected(quantity, ws)),
-                "shape": desc.get("shape") if desc else None, "dtype": desc.get("dtype") if desc else None,
-                "values": diagnose.preview(desc.get("values") if desc else None)}))
+            if not from_snapshot:    # a snapshot is a value in the making: its numbers explain nothing
+                if detail in ("detail.values", "detail.shape", "detail.dtype"):
+                    cause = (diagnose.wrong_gradient if quantity == "gradient" else diagnose.wrong_feature)(desc, ws, rec)
+                    notes.extend(cause)
+                notes.append(Note(detail, {"rank": rec.rank, "quantity": quantity}))
+                details.append(_rank_value(rec.rank, quantity, ws, desc))
+        elif diagnose.async_without_wait(rec, family):
+            # right by luck: the result of an un-waited collective may not have arrived yet
+            outcome = Outcome.WRONG
+            notes.append(Note("fail.async_no_wait", {"rank": rec.rank, "op": family}))
         else:
             moved = through_collective(runs, quantity, rec.rank, desc, names)
             if moved is not True:
                 outcome = Outcome.NOT_COLLECTIVE
                 notes.append(Note("fail.not_collective" if moved is False else "fail.unobserved",
-                                  {"rank": rec.rank, "op": FAMILY_OF[quantity]}))
+                                  {"rank": rec.rank, "op": family}))
+        if outcome is not Outcome.PASS:
+            notes.extend(diagnose.call_causes(rec, family, ws))
         verdicts.append((rec.rank, outcome, notes, details))
 
     failed = [v for v in verdicts if v[1] is not Outcome.PASS]
     if not failed:
         return CheckResult(spec, Outcome.PASS, score=spec.points, notes=[Note("pass.runtime", {"op": spec.collective})])
-    first_rank, outcome, _, _ = failed[0]
+    outcome = failed[0][1]
     notes, details = [], []
-    seen = set()
     for _, _, rank_notes, rank_details in failed:
-        for note in rank_notes:
-            marker = (note.key, tuple(sorted((k, str(v)) for k, v in note.params.items() if k != "rank")))
-            if note.key.startswith("cause.") and marker in seen:
-                continue
-            seen.add(marker)
-            notes.append(note)
+        notes.extend(rank_notes)
         details.extend(rank_details)
     mismatch = diagnose.mismatched_calls(run)
     if mismatch is not None:
         notes.append(mismatch)
-    if any(diagnose.async_without_wait(rec) for rec in run.ranks):
+    if any(diagnose.async_without_wait(rec, family) for rec in run.ranks):
         notes.append(Note("cause.async_no_wait", {}))
-    return CheckResult(spec, outcome, notes=notes, details=details)
+    if diagnose.assigned_result(run.request.source, family):
+        notes.append(Note("cause.assigned_none", {"op": family}))
+    return CheckResult(spec, outcome, notes=_unique_causes(notes), details=details)
+
+
+def _rank_value(rank: int, quantity: str, ws: int, desc: dict | None) -> Note:
+    """What was expected on this rank and what came back (visible checks only)."""
+    return Note("detail.rank_value", {
+        "rank": rank, "quantity": quantity,
+        "expected_shape": diagnose.EXPECTED_SHAPES[quantity](ws),
+        "expected": diagnose.preview(expected(quantity, ws)),
+        "shape": desc.get("shape") if desc else None, "dtype": desc.get("dtype") if desc else None,
+        "values": diagnose.preview(desc.get("values") if desc else None)})
+
+
+def _unique_causes(notes: list[Note]) -> list[Note]:
+    """Each cause once, whichever ranks it came from (rank-specific notes stay as they are)."""
+    out, seen = [], set()
+    for note in notes:
+        if note.key.startswith("cause."):
+            marker = (note.key, tuple(sorted((k, str(v)) for k, v in note.params.items() if k != "rank")))
+            if marker in seen:
+                continue
+            seen.add(marker)
+        out.append(note)
+    return out

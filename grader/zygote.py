@@ -23,6 +23,11 @@ import torch.distributed  # noqa: F401
 
 from . import rank, sandbox
 
+# What a rank keeps of the grader's environment: nothing that could carry a TA's secrets.
+KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
+KEEP_PREFIXES = ("LC_", "NCCL_", "GLOO_", "TORCH_")
+
 
 def _gpu_count() -> int:
     """GPUs visible to ranks, counted in a throwaway child: CUDA must never be initialised in the zygote."""
@@ -97,6 +102,9 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
         if drop:
             sandbox.drop_privileges(req["uid"])
         os.chdir(req["cwd"])
+        kept = {k: v for k, v in os.environ.items() if k in KEEP_ENV or k.startswith(KEEP_PREFIXES)}
+        os.environ.clear()
+        os.environ.update(kept)
         os.environ.update({"HOME": req["cwd"], "TMPDIR": req["cwd"], "GLOO_SOCKET_IFNAME": "lo",
                            "MASTER_ADDR": "127.0.0.1"})
         sys.stdout.reconfigure(line_buffering=True)

@@ -1,0 +1,123 @@
+"""Build autograder.zip for Gradescope.
+
+    python -m grader gradescope-zip [--out autograder.zip] [--lang zh|en] [--time-limit S] [--memory-mb M]
+
+Gradescope unpacks the zip into /autograder/source, runs setup.sh there once when it builds the image,
+then for every submission copies run_autograder to /autograder/run_autograder and runs it; the student's
+files are in /autograder/submission and the grade must be in /autograder/results/results.json.
+
+The root is $AUTOGRADER_ROOT (default /autograder) and the interpreter $GRADER_PYTHON (default the venv
+setup.sh made), so a test can run the same script against a temporary root. run_autograder always
+writes results.json: if `grade` dies without one, a shell fallback writes an "autograder failed" zero.
+"""
+from __future__ import annotations
+
+import sys
+import zipfile
+from pathlib import Path
+
+from .messages import default_lang, render
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_VERSION = "2.13.0"
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+FIXED_TIME = (2020, 1, 1, 0, 0, 0)   # same inputs, same zip bytes
+
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, as root, in /autograder/source, when it builds the autograder image.
+set -euo pipefail
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+cd "$(dirname "$0")"
+if command -v apt-get >/dev/null; then
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3 python3-venv python3-pip util-linux
+fi
+python3 -m venv "$ROOT/venv"
+"$ROOT/venv/bin/python" -m pip install -q --upgrade pip
+"$ROOT/venv/bin/python" -m pip install -q --index-url {index} torch=={torch} \\
+    || "$ROOT/venv/bin/python" -m pip install -q torch=={torch}
+"$ROOT/venv/bin/python" -m pip install -q numpy
+"$ROOT/venv/bin/python" -m pip install -q --no-deps .
+# warm-up: import torch once, so that the first submission does not pay for .pyc compilation
+"$ROOT/venv/bin/python" -c "import torch, torch.distributed, grader.cli"
+"""
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for each submission: grade $ROOT/submission into $ROOT/results/results.json.
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+SOURCE="$ROOT/source"
+RESULTS="$ROOT/results/results.json"
+PY="${{GRADER_PYTHON:-$ROOT/venv/bin/python}}"
+[ -x "$PY" ] || PY="$(command -v python3)"
+mkdir -p "$ROOT/results"
+rm -f "$RESULTS"
+cd "$SOURCE" || cd "$ROOT"
+export PYTHONPATH="$SOURCE${{PYTHONPATH:+:$PYTHONPATH}}"
+status=0
+timeout -k 10 "${{GRADER_TOTAL_TIMEOUT:-900}}" "$PY" -m grader grade "$ROOT/submission" --results "$RESULTS" \\
+    --lang "${{GRADER_LANG:-{lang}}}" --time-limit {time_limit} --memory-mb {memory_mb} --backend {backend} || status=$?
+if [ ! -s "$RESULTS" ]; then
+    # The grader died before writing anything: a visible zero, never a missing file.
+    cat > "$RESULTS" <<'JSON'
+{fallback}
+JSON
+    echo "grader exited with status $status and wrote no results" >&2
+fi
+exit 0
+"""
+
+
+def _fallback_json(lang: str) -> str:
+    import json
+    message = render("summary.grader_failed", {}, lang)
+    return json.dumps({"score": 0, "output": message, "tests": [{
+        "name": render("title.grader_failed", {}, lang), "score": 0, "max_score": 0, "status": "failed",
+        "output": message, "visibility": "visible"}], "extra_data": {"grader_error": "run_autograder: no results"}},
+        ensure_ascii=False)
+
+
+def files(lang: str, time_limit: float, memory_mb: int, backend: str = "auto") -> dict[str, tuple[bytes, int]]:
+    """Every file of the zip: name -> (bytes, unix mode)."""
+    out = {
+        "setup.sh": (SETUP_SH.format(index=TORCH_INDEX, torch=TORCH_VERSION).encode(), 0o755),
+        "run_autograder": (RUN_AUTOGRADER.format(lang=lang, time_limit=time_limit, memory_mb=memory_mb, backend=backend,
+                                                 fallback=_fallback_json(lang)).encode(), 0o755),
+        "pyproject.toml": ((ROOT / "pyproject.toml").read_bytes(), 0o644),
+    }
+    for path in sorted((ROOT / "grader").glob("*.py")):
+        out[f"grader/{path.name}"] = (path.read_bytes(), 0o644)
+    return out
+
+
+def build(out: Path, *, lang: str = "zh", time_limit: float = 15.0, memory_mb: int = 2048, backend: str = "auto") -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, (data, mode) in sorted(files(lang, time_limit, memory_mb, backend).items()):
+            info = zipfile.ZipInfo(name, FIXED_TIME)
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    tmp.replace(out)
+    return out
+
+
+def run(args) -> int:
+    path = build(Path(args.out), lang=args.lang or default_lang(), time_limit=args.time_limit, memory_mb=args.memory_mb,
+                 backend=args.backend)
+    print(f"wrote {path} (upload it as the autograder of a Gradescope programming assignment)", file=sys.stderr)
+    return 0
+
+
+def register(subparsers, add_common_options) -> None:
+    p = subparsers.add_parser("gradescope-zip", help="build autograder.zip for Gradescope")
+    p.add_argument("--out", default="autograder.zip", help="where to write the zip (default %(default)s)")
+    add_common_options(p)
+    p.set_defaults(func=run)
+
+
+from . import cli  # noqa: E402  (cli imports this module at its end; the verb registers itself)
+
+if register not in cli.EXTRA_COMMANDS:
+    cli.EXTRA_COMMANDS.append(register)

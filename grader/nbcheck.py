@@ -1,0 +1,174 @@
+"""The in-notebook check: grade the `run_worker` this kernel defined, with real rank processes.
+
+    from grader import nbcheck
+    nbcheck.report()                   # the report `python -m grader check` prints (2 ranks)
+    nbcheck.check("ws2.all_reduce")    # one rubric check: prints its verdict, raises CheckFailed if it failed
+
+Why source text: processes cannot import a function defined in a notebook cell (pickling by reference
+fails with `Can't get attribute 'run_worker' on <module '__main__'>`). The ranks get the cells this
+kernel executed instead, in the order it executed them (IPython's raw input history), with magics and
+shell lines neutralised exactly as `python -m grader grade x.ipynb` does. That is the kernel's state,
+helpers, imports and constants included, which `inspect.getsource(run_worker)` alone would miss;
+a cell that does not parse is skipped, because it never ran. Ranks load definitions only
+(static.definitions_only), so the history's launch calls and check calls do not run again.
+
+One grading per distinct source (sha256), every check at once (hidden ones too), cached in the kernel:
+the eight autograder cells of a notebook cost one grading. The runner's own time limit ends a hanging
+run_worker well inside nbgrader's cell timeout (nbgrader_config.py). Nothing is written to stderr on a
+correct answer: nbgrader scores any stderr output in a test cell as a failure.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import os
+import sys
+import traceback
+import warnings
+
+from . import api, load, notebook
+from .checks import CHECKS
+from .messages import LANGS, default_lang, render
+from .model import CheckResult, GradingResult, Outcome
+from .render import check_lines, note, status, title
+from .report import text_report
+
+FILENAME = "notebook.ipynb"   # what messages and tracebacks call the kernel's code
+CACHE_SIZE = 8
+_CACHE: dict[str, GradingResult] = {}
+
+
+class CheckFailed(AssertionError):
+    """A failed check. IPython shows `_render_traceback_` instead of a traceback, so a failing cell shows
+    the check's feedback only, never the test cell's code (which, for hidden tests, is hidden)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def _render_traceback_(self) -> list[str]:
+        return self.text.splitlines()
+
+
+def language(lang: str | None = None) -> str:
+    lang = lang or os.environ.get("GRADER_LANG")
+    return lang if lang in LANGS else default_lang()
+
+
+# -- what to grade ------------------------------------------------------------------------------
+
+def kernel_cells() -> list[str]:
+    """The raw text of every cell this kernel executed, in order; outside IPython, the __main__ file."""
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None:
+        return [cell for cell in shell.history_manager.input_hist_raw if isinstance(cell, str)]
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return [fh.read()]
+        except (OSError, UnicodeDecodeError):
+            pass
+    return []
+
+
+def kernel_source(cells: list[str] | None = None) -> str:
+    """The cells as one module: magics and shell lines neutralised, cells that do not parse left out."""
+    chunks = []
+    for cell in kernel_cells() if cells is None else cells:
+        code = notebook.cell_source({"source": cell})
+        if code.strip() and notebook._parses(code):
+            chunks.append(code.rstrip("\n") + "\n")
+    return "\n".join(chunks)
+
+
+# -- grading, once per source -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet():
+    """No Python-level warning or stderr text reaches the cell (ranks and the zygote have their own pipes)."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _failed(filename: str, error: str) -> GradingResult:
+    return GradingResult(filename, [CheckResult(spec, Outcome.GRADER_ERROR) for spec in CHECKS], grader_error=error)
+
+
+def grade_source(source: str, *, filename: str = FILENAME, runner_factory=None) -> GradingResult:
+    """Every check (hidden included) for this source; cached by its hash. Never raises."""
+    key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+    if key in _CACHE:
+        return _CACHE[key]
+    with _quiet():
+        try:
+            if runner_factory is None:
+                from .runner import Runner
+                runner_factory = Runner
+            with runner_factory() as runner:
+                result = api.grade(load.from_source(source, filename), runner=runner, include_hidden=True)
+        except Exception:
+            result = _failed(filename, traceback.format_exc())
+    while len(_CACHE) >= CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = result
+    return result
+
+
+def current() -> GradingResult:
+    """The grading of this kernel's current state."""
+    return grade_source(kernel_source())
+
+
+# -- what a cell shows --------------------------------------------------------------------------
+
+def _title(check: CheckResult, lang: str) -> str:
+    if check.spec.hidden:
+        return render(f"title.hidden.{check.spec.collective}", {}, lang)
+    return title(check, lang)
+
+
+def check_text(result: GradingResult, check: CheckResult, lang: str) -> str:
+    """One check as the report shows it; hidden checks: verdict, hint and named mistakes only."""
+    mark = "PASS" if check.passed else "FAIL"
+    lines = [f"[{mark}] {check.score:g}/{check.spec.points:g}  {_title(check, lang)}"]
+    if check.passed and check.spec.hidden:
+        return lines[0] + "  " + status(check, lang)
+    if not check.passed:
+        if result.grader_error:
+            lines.append(render("summary.grader_failed", {}, lang))
+        lines += [note(n, lang) for n in result.summary]
+    lines += ["       " + line for text in check_lines(check, lang) for line in text.splitlines()]
+    return "\n".join(dict.fromkeys(lines))
+
+
+def check(check_id: str, lang: str | None = None) -> None:
+    """Score one rubric check (an nbgrader test cell): print on a pass, raise CheckFailed on a failure."""
+    lang = language(lang)
+    result = current()
+    found = next((c for c in result.checks if c.spec.id == check_id), None)
+    if found is None:
+        raise ValueError(f"unknown check {check_id!r}; known: {', '.join(c.id for c in CHECKS)}")
+    text = check_text(result, found, lang)
+    if not found.passed:
+        raise CheckFailed(text)
+    print(text)
+
+
+def report(lang: str | None = None) -> None:
+    """Print the visible checks' report: what `python -m grader check` prints for this kernel's code."""
+    lang = language(lang)
+    result = current()
+    visible = dataclasses.replace(result, checks=[c for c in result.checks if not c.spec.hidden])
+    text = text_report(visible, lang)
+    hidden = sum(1 for c in result.checks if c.spec.hidden)
+    if hidden:
+        text += render("summary.hidden_pending", {"count": hidden}, lang) + "\n"
+    print(text, end="")

@@ -1,0 +1,79 @@
+"""`python -m grader gradescope-zip`: the zip's layout, and run_autograder against a temporary /autograder."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, PY, run_cli
+
+
+def build_root(tmp_path: Path) -> Path:
+    """A temporary autograder root laid out as Gradescope does: source/ (the unpacked zip), submission/."""
+    proc = run_cli("gradescope-zip", "--out", str(tmp_path / "autograder.zip"), "--lang", "en", "--time-limit", "10")
+    assert proc.returncode == 0, proc.stderr
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(tmp_path / "autograder.zip") as zf:
+        names = set(zf.namelist())
+        assert {"setup.sh", "run_autograder", "pyproject.toml", "grader/cli.py", "grader/zygote.py"} <= names
+        for info in zf.infolist():
+            if info.filename in ("setup.sh", "run_autograder"):
+                assert (info.external_attr >> 16) & stat.S_IXUSR
+        zf.extractall(root / "source")
+    for name in ("setup.sh", "run_autograder"):
+        os.chmod(root / "source" / name, 0o755)
+    (root / "submission").mkdir()
+    return root
+
+
+def run_autograder(root: Path, python: str) -> dict:
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "GRADER_PYTHON": python}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.Popen(["bash", str(root / "source" / "run_autograder")], cwd=root, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, err
+    return json.loads((root / "results" / "results.json").read_text(encoding="utf-8"))
+
+
+def test_setup_installs_torch_cpu_numpy_and_the_grader(tmp_path):
+    proc = run_cli("gradescope-zip", "--out", str(tmp_path / "a.zip"))
+    assert proc.returncode == 0, proc.stderr
+    with zipfile.ZipFile(tmp_path / "a.zip") as zf:
+        setup = zf.read("setup.sh").decode()
+        first = zf.read("run_autograder")
+    assert "torch==2.13.0" in setup and "download.pytorch.org/whl/cpu" in setup and "numpy" in setup
+    assert "pip install -q --no-deps ." in setup
+    run_cli("gradescope-zip", "--out", str(tmp_path / "b.zip"))
+    assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()   # reproducible
+    assert b"/autograder/submission" not in first or b"AUTOGRADER_ROOT" in first
+
+
+@pytest.mark.timeout(150)
+def test_run_autograder_grades_the_submission_folder(tmp_path):
+    root = build_root(tmp_path)
+    shutil.copy(FIXTURES / "batch" / "summed.py", root / "submission" / "solution.py")
+    results = run_autograder(root, PY)
+    assert results["score"] == 55
+    assert len(results["tests"]) == 8 and {t["visibility"] for t in results["tests"]} == {"visible", "after_published"}
+    assert not list((root / "results").glob(".*.tmp"))
+
+
+@pytest.mark.timeout(60)
+def test_run_autograder_writes_results_even_when_the_grader_cannot_start(tmp_path):
+    root = build_root(tmp_path)
+    shutil.copy(FIXTURES / "batch" / "honest.py", root / "submission" / "solution.py")
+    results = run_autograder(root, "/bin/false")
+    assert results["score"] == 0
+    assert results["tests"][0]["name"] == "Autograder failed" and results["tests"][0]["visibility"] == "visible"

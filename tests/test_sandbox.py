@@ -1,0 +1,141 @@
+"""Hostile submissions (tests/fixtures/sandbox/) through the real CLI: each gets its own verdict, in
+bounded time, and leaves nothing behind (issue 5)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, ROOT, outcomes, run_cli
+from grader.sandbox import UID_BASE
+
+SANDBOX = FIXTURES / "sandbox"
+SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"
+FAST = ("--time-limit", "6")  # hang-type fixtures: a shorter per-run limit keeps the suite quick
+
+
+def leftover_processes() -> list[int]:
+    """Processes still running under any uid the sandbox hands out."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                uid = entry.stat().st_uid
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + (1 << 22):
+                pids.append(int(entry.name))
+    return pids
+
+
+def tree_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(folder.rglob("*.py")):
+        h.update(str(path).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+CASES = [
+    # fixture, expected outcome of ws2.all_reduce, total score, extra CLI args
+    ("infinite_loop", "timeout", 5, FAST),
+    ("fork_bomb", "process_limit", 5, FAST),
+    ("one_rank_collective", "deadlock", 10, ()),
+    ("output_flood", "output_limit", 5, ()),
+    ("kill_parent", "crash", 0, ()),
+    ("os_exit", "early_exit", 0, ()),
+    ("sys_exit", "early_exit", 0, ()),
+]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("name,outcome,total,extra", CASES, ids=[c[0] for c in CASES])
+def test_hostile_submission_gets_its_verdict(tmp_path, name, outcome, total, extra):
+    results = tmp_path / "results.json"
+    started = time.monotonic()
+    proc = run_cli("grade", str(SANDBOX / f"{name}.py"), "--results", str(results), "--lang", "en", *extra)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    import json
+    data = json.loads(results.read_text())
+    assert outcomes(data)["ws2.all_reduce"] == outcome
+    assert data["score"] == total
+    assert elapsed < 60, f"grading took {elapsed:.1f} s"
+    assert "Traceback" not in proc.stdout
+    assert leftover_processes() == []
+
+
+@pytest.mark.timeout(60)
+def test_memory_hog_stopped_by_memory_limit(tmp_path):
+    import json
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(SANDBOX / "memory_hog.py"), "--results", str(results), "--lang", "en")
+    data = json.loads(results.read_text())
+    assert outcomes(data)["ws2.all_gather"] == "memory_limit", proc.stdout
+    assert "went over its memory limit" in proc.stdout
+    # it did average the gradient through all_reduce before hogging: those checks keep their points
+    assert [outcomes(data)[f"ws{ws}.all_reduce"] for ws in (2, 3, 4)] == ["pass"] * 3
+    assert data["score"] == 10 + 3 * 15
+
+
+@pytest.mark.timeout(60)
+def test_memory_limit_is_configurable(tmp_path):
+    """A correct solution fits the default 2 GiB; with 600 MiB a rank cannot even hold torch + gloo."""
+    import json
+    ok = tmp_path / "ok.json"
+    run_cli("grade", str(SOLUTION), "--results", str(ok))
+    assert json.loads(ok.read_text())["score"] == 100
+    tight = tmp_path / "tight.json"
+    run_cli("grade", str(SOLUTION), "--results", str(tight), "--memory-mb", "600")
+    assert json.loads(tight.read_text())["score"] == 10
+
+
+@pytest.mark.timeout(60)
+def test_daemon_cannot_touch_results_after_grading(tmp_path):
+    """A double-forked setsid daemon wakes 3 s after its run to overwrite every results file it finds:
+    the pid namespace is torn down with the run, so it never wakes."""
+    import json
+    results = tmp_path / "results.json"
+    proc = run_cli("grade", str(SANDBOX / "daemon_overwrite.py"), "--results", str(results))
+    before = results.read_text()
+    assert json.loads(before)["score"] == 100, proc.stdout
+    time.sleep(4)
+    assert results.read_text() == before
+    assert leftover_processes() == []
+
+
+@pytest.mark.timeout(60)
+def test_writes_stay_in_the_working_directory(tmp_path):
+    import json
+    submission = tmp_path / "sub" / "write_outside.py"
+    submission.parent.mkdir()
+    shutil.copy(SANDBOX / "write_outside.py", submission)
+    grader_before = tree_digest(ROOT / "grader")
+    for leftover in ("/tmp/escaped.txt", "/var/tmp/escaped.txt", "/dev/shm/escaped.txt"):
+        Path(leftover).unlink(missing_ok=True)
+    results = tmp_path / "results.json"
+    run_cli("grade", str(submission), "--results", str(results))
+    assert json.loads(results.read_text())["score"] == 100
+    assert submission.read_bytes() == (SANDBOX / "write_outside.py").read_bytes()
+    assert tree_digest(ROOT / "grader") == grader_before
+    assert not (submission.parent / "escaped.txt").exists()
+    for leftover in ("/tmp/escaped.txt", "/var/tmp/escaped.txt", "/dev/shm/escaped.txt", "/root/escaped.txt"):
+        assert not Path(leftover).exists(), leftover
+
+
+@pytest.mark.timeout(60)
+def test_report_names_the_layers_and_no_sandbox_still_grades(tmp_path):
+    full = run_cli("check", str(SOLUTION), "--lang", "en")
+    assert full.returncode == 0
+    layers = full.stdout.split("Sandbox: ")[-1]
+    if os.geteuid() == 0:
+        for layer in ("unprivileged uid", "pid namespace", "network namespace", "private /tmp"):
+            assert layer in layers
+    bare = run_cli("check", str(SOLUTION), "--lang", "en", "--no-sandbox")
+    assert bare.returncode == 0, bare.stdout
+    assert "pid namespace" not in bare.stdout.split("Sandbox: ")[-1]
+    assert "rlimits" in bare.stdout.split("Sandbox: ")[-1]
