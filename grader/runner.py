@@ -267,7 +267,7 @@ class Runner:
         self._ids += 1
         req = {"id": self._ids, "world_size": request.world_size, "uid": uid, "cwd": cwd,
                "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
-               "limits": asdict(self.limits)}
+               "limits": asdict(self.limits), "cuda": request.backend == "nccl"}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
             data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)

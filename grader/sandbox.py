@@ -186,13 +186,16 @@ def fresh_proc() -> None:
 # ------------------------------------------------------------------------------------------------
 # Rank: limits, then identity
 
-def apply_limits(limits: Limits, uid_limits: bool) -> None:
+def apply_limits(limits: Limits, uid_limits: bool, address_space: bool = True) -> None:
+    """Per-rank rlimits. `address_space` is off for CUDA ranks: a CUDA context reserves tens of GiB of
+    virtual addresses, so RLIMIT_AS would stop the driver rather than the student."""
     def cap(which, value):
         soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(which, (value, value))
 
-    cap(resource.RLIMIT_AS, limits.memory_mb << 20)
+    if address_space:
+        cap(resource.RLIMIT_AS, limits.memory_mb << 20)
     cap(resource.RLIMIT_CPU, limits.cpu_s)
     cap(resource.RLIMIT_FSIZE, limits.file_mb << 20)
     cap(resource.RLIMIT_NOFILE, limits.open_files)

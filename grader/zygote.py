@@ -98,7 +98,7 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
             os.close(fd)
         limits = sandbox.Limits(**req["limits"])
         drop = req["uid"] is not None
-        sandbox.apply_limits(limits, uid_limits=drop)
+        sandbox.apply_limits(limits, uid_limits=drop, address_space=not req["cuda"])
         if drop:
             sandbox.drop_privileges(req["uid"])
         os.chdir(req["cwd"])
@@ -106,7 +106,7 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
         os.environ.clear()
         os.environ.update(kept)
         os.environ.update({"HOME": req["cwd"], "TMPDIR": req["cwd"], "GLOO_SOCKET_IFNAME": "lo",
-                           "MASTER_ADDR": "127.0.0.1"})
+                           "NCCL_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
         sys.stdout.reconfigure(line_buffering=True)
     except BaseException as err:
         os.write(result_fd, (json.dumps({"t": "setup_error", "error": f"sandbox: {err}"}) + "\n").encode())

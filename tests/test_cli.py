@@ -1,0 +1,75 @@
+"""The command line's contract: exit codes, results.json always written, backends, languages."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import FIXTURES, ROOT, outcomes, run_cli
+
+SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"
+STUB = ROOT / "assignments" / "dist_primitives" / "dist_primitives.py"
+
+
+@pytest.mark.timeout(60)
+def test_check_exit_codes():
+    ok = run_cli("check", str(SOLUTION), "--lang", "en")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "Score: 40 / 40" in ok.stdout  # check runs only the visible checks
+    todo = run_cli("check", str(STUB), "--lang", "en")
+    assert todo.returncode == 1
+    assert "complete TODO 1 (all_reduce) and TODO 2 (all_gather)" in todo.stdout
+
+
+@pytest.mark.timeout(60)
+def test_grade_exits_zero_whatever_the_score(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(STUB), "--results", str(results), "--lang", "en")
+    assert proc.returncode == 0
+    data = json.loads(results.read_text())
+    assert data["score"] == 0
+    assert {t["visibility"] for t in data["tests"]} == {"visible", "after_published"}
+
+
+def test_missing_path_is_a_usage_error_and_still_writes_results(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(tmp_path / "nope.py"), "--results", str(results), "--lang", "en")
+    assert proc.returncode == 2
+    data = json.loads(results.read_text())
+    assert data["score"] == 0 and data["tests"][0]["name"] == "Autograder failed"
+    assert run_cli("check", str(tmp_path / "nope.py")).returncode == 2
+    assert run_cli("grade").returncode == 2  # argparse usage error
+
+
+@pytest.mark.timeout(60)
+def test_grader_failure_still_writes_results(tmp_path):
+    """A broken torch makes the zygote fail at start-up: a visible 'autograder failed' test and a zero."""
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(SOLUTION), "--results", str(results), "--lang", "en",
+                   env={"PYTHONPATH": str(FIXTURES / "broken_torch")})
+    assert proc.returncode == 0
+    data = json.loads(results.read_text())
+    assert data["score"] == 0
+    assert data["tests"][0] == {"name": "Autograder failed", "score": 0, "max_score": 0, "status": "failed",
+                                "output": "The autograder failed; this grade is 0 until a TA looks at it.",
+                                "visibility": "visible"}
+    assert "broken on purpose" in data["extra_data"]["grader_error"]
+    assert "broken on purpose" not in "".join(t["output"] for t in data["tests"])
+
+
+@pytest.mark.timeout(60)
+def test_nccl_without_enough_gpus_says_so(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(SOLUTION), "--results", str(results), "--lang", "en", "--backend", "nccl")
+    data = json.loads(results.read_text())
+    assert data["score"] == 10  # static checks only
+    assert set(outcomes(data)[f"ws{ws}.{op}"] for ws in (2, 3, 4) for op in ("all_reduce", "all_gather")) == {"grader_error"}
+    assert "NCCL needs at least 2 visible GPUs; 0 are visible." in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_language_defaults_to_chinese_and_follows_lang(tmp_path):
+    zh = run_cli("check", str(SOLUTION), env={"LANG": "", "LC_ALL": ""})
+    assert "得分：40 / 40" in zh.stdout
+    en = run_cli("check", str(SOLUTION), env={"LANG": "en_US.UTF-8", "LC_ALL": ""})
+    assert "Score: 40 / 40" in en.stdout
