@@ -1,13 +1,14 @@
 # make grade   -- set up .venv (if needed) and grade the example class in examples/
 # make test    -- set up .venv (if needed) and run the test suite
 # make bench   -- batch grading against the seed-style harness, and `grade` against a plain `import torch`
+# make release -- regenerate the student versions in assignments/ from solutions/
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 GRADE_LANG ?= en
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: venv grade test bench clean
+.PHONY: venv grade test bench release clean
 
 venv: $(STAMP)
 
@@ -25,6 +26,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py
+
+release: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment dist_primitives --force
+	$(BIN)/python -m grader.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
 
 clean:
 	rm -rf build

@@ -31,6 +31,10 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 c.ClearSolutions.code_stub = {"python": STUB}
 c.ClearSolutions.text_stub = "请在这里作答 / YOUR ANSWER HERE"
 
+# -- zip_collect: LMS downloads named <student>_<notebook>.ipynb (e.g. alice_dist_primitives.ipynb) in
+# downloaded/<assignment>/archive/; adapt the pattern to your LMS's file names (it sees absolute paths).
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)\.ipynb$"
+
 # -- autograde
 # The grader ends one run after grader.sandbox.Limits.wall_s (15 s) and grades a notebook in at most two
 # rounds plus the start of its zygote: a hanging run_worker is over in about 35 s, before this cell

@@ -299,7 +299,10 @@ def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]
             progress.tick()
     finally:
         for worker in workers:
-            worker.stop() if not worker.student else worker.kill()
+            if worker.student is None:
+                worker.stop()
+            else:
+                worker.kill()
         sel.close()
         for log in log_dir.glob("*"):
             log.unlink()

@@ -28,11 +28,22 @@ def all_close(values: list, expected: list, dtype: str) -> bool:
     return len(values) == len(expected) and all(close(float(v), e, dtype) for v, e in zip(values, expected))
 
 
-def preview(values: list | None, n: int = 4) -> str:
+def preview(values: list | None, runs: int = 4) -> str:
+    """The first values, run-length encoded: `[1.5 x1024]`, `[0 x128, 1 x128]`, `[3, 1, 2, ...]`."""
     if not values:
         return "[]"
-    shown = ", ".join(f"{float(v):g}" for v in values[:n])
-    return f"[{shown}{', ...' if len(values) > n else ''}]"
+    groups: list[list] = []
+    for v in values:
+        v = float(v)
+        if groups and groups[-1][0] == v:
+            groups[-1][1] += 1
+        else:
+            if len(groups) == runs:
+                groups.append(None)
+                break
+            groups.append([v, 1])
+    shown = ", ".join("..." if g is None else (f"{g[0]:g} x{g[1]}" if g[1] > 1 else f"{g[0]:g}") for g in groups)
+    return f"[{shown}]"
 
 
 def calls_summary(record: RankRecord) -> str:
@@ -61,6 +72,10 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         if how == "raise":
             kind = error.get("type", "")
             message = error.get("message", "")
+            inside = _failed_collective(record)
+            if inside is not None and "Timed out" in (inside.get("error") or ""):
+                # the collective's own timeout fired first: a rank waited for others that never came
+                return Outcome.TIMEOUT, Note("fail.timeout_inside", {"rank": r, "op": inside["op"], "n": int(inside["n"]) + 1})
             if kind == "NotImplementedError":
                 return Outcome.TODO, Note("fail.todo", {"rank": r})
             if kind == "MemoryError" or "can't allocate memory" in message or "Cannot allocate memory" in message:
@@ -93,6 +108,14 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     if run.stop in ("failfast", "output_limit"):
         return Outcome.EXCEPTION, Note("fail.stopped", {"rank": r, "other": run.stop_rank})
     return Outcome.GRADER_ERROR, Note("fail.grader", {"rank": r})
+
+
+def _failed_collective(record: RankRecord) -> dict | None:
+    """The exit event of the collective the rank's exception came out of, if it came out of one."""
+    last = record.calls[-1] if record.calls else None
+    if last is not None and last.get("t") == "exit" and not last.get("ok"):
+        return last
+    return None
 
 
 def _where(record: RankRecord, key: str) -> Note:
@@ -206,8 +229,7 @@ def _own_fault_outside(run: RunOutcome, record: RankRecord) -> bool:
     """The rank stopped for a reason of its own away from any collective (an exception, an exit, a loop)."""
     result = record.result
     if result is not None and result.get("how") in ("raise", "exit", "load_error"):
-        last = record.calls[-1] if record.calls else None
-        return not (last is not None and last.get("t") == "exit" and not last.get("ok"))
+        return _failed_collective(record) is None
     return result is None and record.inside is None and run.stop == "timeout"
 
 

@@ -17,6 +17,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "title.runtime.all_gather": ("{ws} 个进程：All-Gather 拼接特征", "{ws} ranks: feature rebuilt with all_gather"),
     "title.hidden.all_reduce": ("隐藏测试：其他进程数下的 All-Reduce", "Hidden: all_reduce at other world sizes"),
     "title.hidden.all_gather": ("隐藏测试：其他进程数下的 All-Gather", "Hidden: all_gather at other world sizes"),
+    "title.hidden_n.all_reduce": ("隐藏测试 {n}：其他进程数下的 All-Reduce", "Hidden check {n}: all_reduce at another world size"),
+    "title.hidden_n.all_gather": ("隐藏测试 {n}：其他进程数下的 All-Gather", "Hidden check {n}: all_gather at another world size"),
     "title.grader_failed": ("自动评分器出错", "Autograder failed"),
     # --- loading
     "load.no_file": ("文件夹 {folder} 里没有 .py 或 .ipynb 提交文件。", "Folder {folder} holds no .py or .ipynb submission."),

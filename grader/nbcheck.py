@@ -12,13 +12,14 @@ helpers, imports and constants included, which `inspect.getsource(run_worker)` a
 a cell that does not parse is skipped, because it never ran. Ranks load definitions only
 (static.definitions_only), so the history's launch calls and check calls do not run again.
 
-One grading per distinct source (sha256), every check at once (hidden ones too), cached in the kernel:
-the eight autograder cells of a notebook cost one grading. The runner's own time limit ends a hanging
-run_worker well inside nbgrader's cell timeout (nbgrader_config.py). Nothing is written to stderr on a
+One grading per distinct program (a hash of the definitions the ranks execute), every check at once
+(hidden ones too), cached in the kernel: the eight autograder cells of a notebook cost one grading.
+The runner's own time limit ends a hanging run_worker well inside nbgrader's cell timeout (nbgrader_config.py). Nothing is written to stderr on a
 correct answer: nbgrader scores any stderr output in a test cell as a failure.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import hashlib
@@ -28,7 +29,7 @@ import sys
 import traceback
 import warnings
 
-from . import api, load, notebook
+from . import api, load, notebook, static
 from .checks import CHECKS
 from .messages import LANGS, default_lang, render
 from .model import CheckResult, GradingResult, Outcome
@@ -78,14 +79,32 @@ def kernel_cells() -> list[str]:
     return []
 
 
-def kernel_source(cells: list[str] | None = None) -> str:
-    """The cells as one module: magics and shell lines neutralised, cells that do not parse left out."""
-    chunks = []
+def _canonical(code: str) -> str | None:
+    """What a cell contributes to the ranks' module (its definitions, unparsed); None if it does not parse."""
+    try:
+        return ast.unparse(static.definitions_only(ast.parse(code)))
+    except (SyntaxError, ValueError, RecursionError):
+        return None
+
+
+def kernel_program(cells: list[str] | None = None) -> tuple[str, str]:
+    """(source, key). The source: the cells as one module, magics and shell lines neutralised, cells that do
+    not parse left out, and a cell whose definitions a later cell repeats exactly (a re-run, or the next
+    check cell's `from grader import nbcheck`) kept only at its last run. The key: a hash of what the ranks
+    execute, so running more check cells does not grade again."""
+    kept: dict[str, str] = {}
     for cell in kernel_cells() if cells is None else cells:
         code = notebook.cell_source({"source": cell})
-        if code.strip() and notebook._parses(code):
-            chunks.append(code.rstrip("\n") + "\n")
-    return "\n".join(chunks)
+        canonical = _canonical(code) if code.strip() else None
+        if canonical:
+            kept.pop(canonical, None)
+            kept[canonical] = code.rstrip("\n") + "\n"
+    key = hashlib.sha256("\n\0".join(kept).encode("utf-8", "surrogatepass")).hexdigest()
+    return "\n".join(kept.values()), key
+
+
+def kernel_source(cells: list[str] | None = None) -> str:
+    return kernel_program(cells)[0]
 
 
 # -- grading, once per source -------------------------------------------------------------------
@@ -102,9 +121,10 @@ def _failed(filename: str, error: str) -> GradingResult:
     return GradingResult(filename, [CheckResult(spec, Outcome.GRADER_ERROR) for spec in CHECKS], grader_error=error)
 
 
-def grade_source(source: str, *, filename: str = FILENAME, runner_factory=None) -> GradingResult:
-    """Every check (hidden included) for this source; cached by its hash. Never raises."""
-    key = hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+def grade_source(source: str, *, key: str | None = None, filename: str = FILENAME,
+                 runner_factory=None) -> GradingResult:
+    """Every check (hidden included) for this source; cached by `key` (default: the source's hash). Never raises."""
+    key = key or hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
     if key in _CACHE:
         return _CACHE[key]
     with _quiet():
@@ -124,21 +144,16 @@ def grade_source(source: str, *, filename: str = FILENAME, runner_factory=None) 
 
 def current() -> GradingResult:
     """The grading of this kernel's current state."""
-    return grade_source(kernel_source())
+    source, key = kernel_program()
+    return grade_source(source, key=key)
 
 
 # -- what a cell shows --------------------------------------------------------------------------
 
-def _title(check: CheckResult, lang: str) -> str:
-    if check.spec.hidden:
-        return render(f"title.hidden.{check.spec.collective}", {}, lang)
-    return title(check, lang)
-
-
 def check_text(result: GradingResult, check: CheckResult, lang: str) -> str:
     """One check as the report shows it; hidden checks: verdict, hint and named mistakes only."""
     mark = "PASS" if check.passed else "FAIL"
-    lines = [f"[{mark}] {check.score:g}/{check.spec.points:g}  {_title(check, lang)}"]
+    lines = [f"[{mark}] {check.score:g}/{check.spec.points:g}  {title(check, lang)}"]
     if check.passed and check.spec.hidden:
         return lines[0] + "  " + status(check, lang)
     if not check.passed:

@@ -15,6 +15,7 @@ so patching torch.Tensor or builtins from the submission changes nothing here.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import inspect
 import json
@@ -42,6 +43,14 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _write, _read, _perf, _getframe = os.write, os.read, time.perf_counter, sys._getframe
 _dumps = json.dumps
 _no_grad = torch.no_grad
+_BUILTINS = dict(builtins.__dict__)  # as the zygote imported them, before any student code
+
+
+def _restore_builtins() -> None:
+    """Undo a submission's patches of builtins (isinstance, len ...) before grader code runs again."""
+    if builtins.__dict__ != _BUILTINS:
+        builtins.__dict__.clear()
+        builtins.__dict__.update(_BUILTINS)
 
 MAX_VALUES = 1 << 14      # values sent per tensor
 SNAP_LIMIT = 16           # tensors per locals snapshot
@@ -172,6 +181,7 @@ def _wrap_collective(name: str, original):
         state = _STATE
         if state is None:
             return original(*args, **kwargs)
+        _restore_builtins()
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
@@ -333,8 +343,10 @@ def run(spec: dict, channel: _Channel) -> None:
         if not callable(entry):
             raise TypeError(f"{static.ENTRY} is not a function")
     except BaseException as err:
+        _restore_builtins()
         channel.send(t="result", how="load_error", error=_error_record(err, spec["filename"]))
         return
+    _restore_builtins()
     state.entry_code = getattr(entry, "__code__", None)
     captured: dict = {}
 
@@ -352,6 +364,7 @@ def run(spec: dict, channel: _Channel) -> None:
         how, error = "raise", _error_record(err, spec["filename"])
     finally:
         sys.setprofile(None)
+        _restore_builtins()
     final_locals = captured.get("locals", {})
     message = {"t": "result", "how": how, "error": error, "locals": tensor_locals(final_locals),
                "returned": None, "returned_type": type(returned).__name__, "names": {}}

@@ -1,6 +1,7 @@
 """Turn results into words, in one language: shared by the text report, results.json and nbgrader."""
 from __future__ import annotations
 
+from .checks import CHECKS
 from .messages import render
 from .model import CheckResult, Note, Outcome
 
@@ -30,6 +31,9 @@ def title(result: CheckResult, lang: str) -> str:
     spec = result.spec
     if spec.kind == "static":
         return render(f"title.static.{spec.collective}", {}, lang)
+    if spec.hidden:  # the name must not reveal the hidden world sizes either
+        n = [c for c in CHECKS if c.hidden and c.collective == spec.collective].index(spec) + 1
+        return render(f"title.hidden_n.{spec.collective}", {"n": n}, lang)
     return render(f"title.runtime.{spec.collective}", {"ws": spec.world_size}, lang)
 
 

@@ -55,6 +55,9 @@ def write_atomic(path: Path, data: str) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are meant to be shared with TAs
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -30,6 +30,23 @@ MAX_LINE = 4 << 20       # one protocol message
 MAX_PROTOCOL = 16 << 20  # all protocol messages of one rank
 
 
+BASE_PREFIX = "grader-runs-"
+
+
+def _sweep_stale_bases() -> None:
+    """Remove run folders of supervisors that died without cleaning up (their pid is in the name)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{BASE_PREFIX}*-*"):
+        pid = path.name[len(BASE_PREFIX):].split("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
 class GraderError(RuntimeError):
     """The grader itself could not run (not the student's fault)."""
 
@@ -121,7 +138,8 @@ class Runner:
         self.conn: socket.socket | None = None
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
-        self.base = Path(tempfile.mkdtemp(prefix="grader-runs-"))
+        _sweep_stale_bases()
+        self.base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-"))
         os.chmod(self.base, 0o711)
         self._ids = 0
         self.start()
@@ -136,7 +154,7 @@ class Runner:
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([self.python, "-m", "grader.zygote", str(child.fileno())],
+        self.proc = subprocess.Popen([self.python, "-m", "grader.zygote", str(child.fileno()), str(self.base)],
                                      pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=log, env=env, cwd=root, start_new_session=True)
         child.close()
@@ -238,6 +256,8 @@ class Runner:
         layers = self._ready()["layers"]
         namespaces = layers["namespaces"] and self.use_sandbox
         drop = layers["root"] and self.use_sandbox
+        # One uid per (supervisor, slot): unique among live runs, as pids are unique among live processes.
+        # (Two Runners in one process would share uids: batch gives each Runner its own process.)
         uid = UID_BASE + (os.getpid() % 65536) * 64 + slot if drop else None
         workdir = Path(tempfile.mkdtemp(prefix=f"run{slot}-", dir=self.base))
         if uid is not None:

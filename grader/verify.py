@@ -44,10 +44,19 @@ def rank_values(record: RankRecord, names: dict | None = None) -> dict:
     result = record.result
     if result is not None and result.get("how") == "return" and result.get("returned"):
         return result["returned"]
-    pool = (result or {}).get("locals") if result is not None else record.snapshot
-    pool = pool or {}
+    if result is not None:
+        pool = result.get("locals") or {}
+        settled = QUANTITIES
+    else:  # the snapshot taken as it entered its last collective: a quantity is final only if its own
+        pool = record.snapshot or {}  # collective had already completed by then
+        settled = [q for q in QUANTITIES if _completed_before_last_enter(record, FAMILY_OPS[FAMILY_OF[q]])]
     names = names or {}
-    return {q: pool.get(names.get(q, q)) or pool.get(q) for q in QUANTITIES}
+    return {q: (pool.get(names.get(q, q)) or pool.get(q)) if q in settled else None for q in QUANTITIES}
+
+
+def _completed_before_last_enter(record: RankRecord, ops: tuple[str, ...]) -> bool:
+    last_enter = max((i for i, c in enumerate(record.calls) if c.get("t") == "enter"), default=-1)
+    return any(c.get("t") == "exit" and c.get("ok") and c.get("op") in ops for c in record.calls[:max(last_enter, 0)])
 
 
 def judge(desc: dict | None, quantity: str, ws: int) -> tuple[Outcome, str | None]:
@@ -204,10 +213,9 @@ def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
     if not failed:
         return CheckResult(spec, Outcome.PASS, score=spec.points, notes=[Note("pass.runtime", {"op": spec.collective})])
     outcome = failed[0][1]
-    notes, details = [], []
-    for _, _, rank_notes, rank_details in failed:
-        notes.extend(rank_notes)
-        details.extend(rank_details)
+    details = [d for _, _, _, rank_details in failed for d in rank_details]
+    _drop_partial_unchanged(failed)
+    notes = [n for _, _, rank_notes, _ in failed for n in rank_notes]
     mismatch = diagnose.mismatched_calls(run)
     if mismatch is not None:
         notes.append(mismatch)
@@ -239,3 +247,13 @@ def _unique_causes(notes: list[Note]) -> list[Note]:
             seen.add(marker)
         out.append(note)
     return out
+
+
+def _drop_partial_unchanged(failed) -> None:
+    """`cause.unchanged` (the collective's result was not used) holds only if every rank whose value was
+    examined kept its own input; one rank whose input happens to equal a wrong result proves nothing."""
+    examined = [notes for _, _, notes, details in failed if details]
+    if all(any(n.key == "cause.unchanged" for n in notes) for notes in examined):
+        return
+    for notes in examined:
+        notes[:] = [n for n in notes if n.key != "cause.unchanged"]

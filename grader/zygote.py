@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
+import time
 
 import torch  # noqa: F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
@@ -158,6 +160,24 @@ def _leader(req: dict, fds: list[int], conn_fd: int) -> None:
             os._exit(71)
 
 
+_LEADERS: set[int] = set()  # runs in flight (leader pids, not yet reaped)
+
+
+def _stop_all_runs() -> None:
+    """The supervisor is gone: nobody enforces time limits any more, so stop every run now."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in list(_LEADERS):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(30):
+            _reap()
+            if not _LEADERS:
+                return
+            time.sleep(0.1)
+
+
 def serve(conn: socket.socket) -> None:
     layers = sandbox.probe()
     rank.install_hooks()
@@ -180,6 +200,7 @@ def serve(conn: socket.socket) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _leader(req, fds, conn.fileno())
+        _LEADERS.add(pid)
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -196,15 +217,19 @@ def _reap() -> None:
             return
         if pid == 0:
             return
+        _LEADERS.discard(pid)
 
 
 def main() -> None:
-    fd = int(sys.argv[1])
+    fd, base = int(sys.argv[1]), sys.argv[2]
     conn = socket.socket(fileno=fd)
     try:
         serve(conn)
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    _stop_all_runs()
+    shutil.rmtree(base, ignore_errors=True)
     os._exit(0)
 
 

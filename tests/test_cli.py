@@ -31,6 +31,7 @@ def test_grade_exits_zero_whatever_the_score(tmp_path):
     assert {t["visibility"] for t in data["tests"]} == {"visible", "after_published"}
 
 
+@pytest.mark.timeout(60)
 def test_missing_path_is_a_usage_error_and_still_writes_results(tmp_path):
     results = tmp_path / "r.json"
     proc = run_cli("grade", str(tmp_path / "nope.py"), "--results", str(results), "--lang", "en")

@@ -1,0 +1,231 @@
+"""End to end with the real tools, in a temporary course folder: nbgrader generate_assignment, a real
+kernel (nbclient) running the release notebook, and a class of four through zip_collect, autograde,
+generate_feedback and export.
+
+Every nbgrader command runs as a child process in its own session, killed by process group when it
+overruns; kernels run the venv's python (jupyter_client turns the `python3` kernelspec's `python` into
+sys.executable), with this checkout on PYTHONPATH.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbgrader.api import Gradebook
+
+from grader.checks import CHECKS
+from grader.model import CheckResult, Outcome
+from grader.render import title
+
+from conftest import FIXTURES, PY, ROOT
+
+A = "dist_primitives"
+CLASS = FIXTURES / "notebooks" / "class"
+RELEASE = ROOT / "assignments" / A / f"{A}.ipynb"
+EXPECTED = {"alice": 100.0, "bob": 70.0, "carol": 10.0, "dave": 55.0}
+HIDDEN_IDS = ("ws3.all_reduce", "ws3.all_gather", "ws4.all_reduce", "ws4.all_gather")
+
+
+def course_env(course: Path) -> dict:
+    jupyter = course / ".jupyter-home"
+    for sub in ("config", "data", "runtime", "ipython"):
+        (jupyter / sub).mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        PATH=str(Path(PY).parent) + os.pathsep + env.get("PATH", ""),  # nbgrader runs `alembic` from PATH
+        PYTHONPATH=str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        JUPYTER_CONFIG_DIR=str(jupyter / "config"), JUPYTER_DATA_DIR=str(jupyter / "data"),
+        JUPYTER_RUNTIME_DIR=str(jupyter / "runtime"), IPYTHONDIR=str(jupyter / "ipython"),
+        GRADER_LANG="en", PYTHONWARNINGS="ignore",
+    )
+    return env
+
+
+def nbgrader(course: Path, *args: str, timeout: float = 120) -> str:
+    proc = subprocess.Popen([PY, "-m", "nbgrader", *args], cwd=course, env=course_env(course),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    """A course folder: this repository's nbgrader_config.py and solutions/, then generate_assignment."""
+    root = tmp_path_factory.mktemp("course")
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / A, root / "solutions" / A)
+    nbgrader(root, "generate_assignment", A)
+    return root
+
+
+def cell(nb, grade_id: str):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def with_answer(answer: Path):
+    """The release notebook with a student's run_worker typed into the solution cell."""
+    nb = nbformat.read(RELEASE, as_version=4)
+    cell(nb, "run_worker").source = answer.read_text(encoding="utf-8")
+    return nb
+
+
+def hidden_title(check_id: str) -> str:
+    spec = next(s for s in CHECKS if s.id == check_id)
+    return title(CheckResult(spec, Outcome.WRONG), "en")
+
+
+def text_of(c) -> str:
+    parts = []
+    for out in c.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type == "error":
+            parts += [out.ename, out.evalue, *out.traceback]
+        elif "data" in out:
+            parts.append(str(out.data.get("text/plain", "")))
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_committed_release_is_what_generate_assignment_makes(course):
+    generated = course / "assignments" / A / f"{A}.ipynb"
+    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(RELEASE.read_text(encoding="utf-8"))
+    # the .py solution next to the source notebook is not copied into the release (answer included)
+    assert sorted(p.name for p in generated.parent.iterdir()) == [f"{A}.ipynb"]
+
+
+@pytest.mark.timeout(180)
+def test_release_notebook_checks_run_worker_with_two_real_ranks(course, tmp_path):
+    nb = with_answer(CLASS / "alice.py")
+    at = nb.cells.index(cell(nb, "run_worker")) + 1
+    # the seed's own harness in the same kernel, for contrast: its children cannot unpickle a function
+    # defined in a cell (they write why on the kernel's fd 2, which this cell reads back)
+    nb.cells.insert(at, nbformat.v4.new_code_cell(SPAWN_PROBE))
+    env = course_env(course)
+    with pytest.MonkeyPatch.context() as mp:
+        for key in ("PATH", "PYTHONPATH", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                    "IPYTHONDIR", "GRADER_LANG"):
+            mp.setenv(key, env[key])
+        NotebookClient(nb, timeout=90, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+
+    spawn = text_of(nb.cells[at])
+    assert "mp.spawn failed" in spawn and "Can't get attribute 'run_worker'" in spawn
+    report = text_of(next(c for c in nb.cells if "nbcheck.report()" in c.source))
+    assert "Score: 40 / 40" in report, report
+    assert "2 ranks: gradient averaged with all_reduce" in report and "Communication cost (2 ranks, gloo)" in report
+    assert "rank 0 all_reduce" in report and "rank 1 all_reduce" in report and "rank 2" not in report
+    assert "Can't get attribute" not in report and "Traceback" not in report
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert [c.metadata.nbgrader.grade_id for c in tests] == [
+        "test_static_all_reduce", "test_static_all_gather", "test_ws2_all_reduce", "test_ws2_all_gather",
+        "test_ws3_all_reduce", "test_ws3_all_gather", "test_ws4_all_reduce", "test_ws4_all_gather"]
+    for c in tests[:4]:  # visible: each prints its verdict, nothing on stderr, no error
+        assert [o.output_type for o in c.outputs] == ["stream"] and c.outputs[0].name == "stdout", c.outputs
+        assert c.outputs[0].text.startswith("[PASS]")
+    for c in tests[4:]:  # hidden tests are not in the release: these cells run nothing
+        assert c.outputs == [] and "nbcheck" not in c.source
+
+
+SPAWN_PROBE = """
+import os, tempfile
+import torch.multiprocessing as mp
+log, saved = tempfile.TemporaryFile(), os.dup(2)
+os.dup2(log.fileno(), 2)
+try:
+    mp.spawn(run_worker, args=(2,), nprocs=2, join=True)
+except Exception as err:
+    failure = type(err).__name__
+finally:
+    os.dup2(saved, 2)
+log.seek(0)
+print("mp.spawn failed:", failure, log.read().decode(errors="replace")[-400:])
+"""
+
+
+def tamper(nb) -> None:
+    """Dave's tricks against his failing all_reduce cells: edit one (and claim 1000 points), blank one,
+    delete one."""
+    edited = cell(nb, "test_ws2_all_reduce")
+    edited.source = 'print("all good")'
+    edited.metadata.nbgrader["points"] = 1000
+    cell(nb, "test_ws3_all_reduce").source = "pass"
+    nb.cells.remove(cell(nb, "test_ws4_all_reduce"))
+
+
+@pytest.mark.timeout(420)
+def test_class_through_zip_collect_autograde_feedback_export(course):
+    archive = course / "downloaded" / A / "archive"
+    archive.mkdir(parents=True)
+    with zipfile.ZipFile(archive / "lms-download.zip", "w") as zf:
+        for student in EXPECTED:
+            nb = with_answer(CLASS / f"{student}.py")
+            if student == "dave":
+                tamper(nb)
+            zf.writestr(f"{student}_{A}.ipynb", nbformat.writes(nb))
+
+    nbgrader(course, "zip_collect", A)
+    for student in EXPECTED:
+        assert (course / "submitted" / student / A / f"{A}.ipynb").is_file()
+    nbgrader(course, "autograde", A, timeout=360)
+    nbgrader(course, "generate_feedback", A)
+    nbgrader(course, "export")
+
+    with open(course / "grades.csv", newline="") as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    assert {s: float(rows[s]["score"]) for s in EXPECTED} == EXPECTED
+    assert {float(rows[s]["max_score"]) for s in EXPECTED} == {100.0}
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        def cells_of(student):
+            sub = gb.find_submission_notebook(A, A, student)
+            return {g.name: (g.score, g.max_score) for g in sub.grades}
+        dave, bob, carol = cells_of("dave"), cells_of("bob"), cells_of("carol")
+    # tampering gained nothing: the edited, blanked and deleted cells were restored, run and scored 0 of 15
+    for name in ("test_ws2_all_reduce", "test_ws3_all_reduce", "test_ws4_all_reduce"):
+        assert dave[name] == (0, 15), (name, dave)
+    assert dave["test_ws2_all_gather"] == (15, 15)
+    assert sum(score for score, _ in bob.values()) == 70
+    assert bob["test_ws3_all_gather"] == (0, 15) and bob["test_ws2_all_gather"] == (15, 15)
+    assert carol["test_static_all_reduce"] == (5, 5) and carol["test_ws2_all_reduce"] == (0, 15)
+
+    graded = {s: nbformat.read(course / "autograded" / s / A / f"{A}.ipynb", as_version=4) for s in EXPECTED}
+    restored = graded["dave"]
+    assert cell(restored, "test_ws2_all_reduce").source == cell(nbformat.read(RELEASE, as_version=4), "test_ws2_all_reduce").source
+    assert cell(restored, "test_ws2_all_reduce").metadata.nbgrader["points"] == 15
+    # the hang was ended by the grader's own time limit, with its verdict, not by nbgrader's cell timeout
+    hang = text_of(cell(graded["carol"], "test_ws2_all_reduce"))
+    assert "Time limit" in hang and "CellTimeoutError" not in hang
+    for nb in graded.values():
+        assert all("CellTimeoutError" not in text_of(c) for c in nb.cells)
+
+    for student in EXPECTED:
+        html = (course / "feedback" / student / A / f"{A}.html").read_text(encoding="utf-8")
+        assert "HIDDEN TESTS" not in html
+        for check_id in HIDDEN_IDS:
+            assert check_id not in html, (student, check_id)
+        # no expected value of a hidden check: the shapes at 3 and 4 ranks, the expected averages
+        for leak in ("(384,)", "(512,)", "expected shape (384", "values 2.5", "values 2.0"):
+            assert leak not in html, (student, leak)
+    bob_html = (course / "feedback" / "bob" / A / f"{A}.html").read_text(encoding="utf-8")
+    assert hidden_title("ws3.all_gather") in bob_html and hidden_title("ws4.all_gather") in bob_html
+    assert "run_worker raised an exception in this test" in bob_html
+    dave_html = (course / "feedback" / "dave" / A / f"{A}.html").read_text(encoding="utf-8")
+    assert "world_size times too large" in dave_html  # the visible check explains the mistake

@@ -1,0 +1,187 @@
+"""Notebooks as submissions (grader/notebook.py, through the real CLI) and the in-notebook check
+(grader/nbcheck.py) without a kernel; tests/test_nbgrader_e2e.py runs it in a real one."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grader import load, nbcheck, notebook
+from grader.checks import CHECKS
+from grader.messages import render
+from grader.model import CheckResult, GradingResult, Note, Outcome
+from grader.render import title
+
+from conftest import FIXTURES, ROOT, run_cli
+
+NB = FIXTURES / "notebooks"
+CLASS = NB / "class"
+IMPORTS = "import torch\nimport torch.distributed as dist\n"
+
+
+def problem_of(name: str):
+    return load.load(NB / name).problem
+
+
+# -- loading (no processes) ---------------------------------------------------------------------
+
+def test_code_cells_only_with_magics_and_shell_neutralised():
+    sub = load.load(NB / "correct.ipynb")
+    assert sub.problem is None
+    lines = sub.source.splitlines()
+    assert lines[:3] == ["pass  # %matplotlib inline", "pass  # !nvidia-smi", "pass  # %pip install -q torch"]
+    assert "echo this cell is shell" not in sub.source          # a %%bash cell is not Python
+    assert "# 19." not in sub.source                              # markdown is not code
+    compile(sub.source, "correct.ipynb", "exec")
+
+
+@pytest.mark.parametrize("name, key", [
+    ("bad_json.ipynb", "load.bad_notebook"),
+    ("not_a_notebook.ipynb", "load.bad_notebook"),
+    ("no_code.ipynb", "load.no_code_cells"),
+    ("empty_cells.ipynb", "load.no_code_cells"),
+    ("split_entry.ipynb", "load.split_entry"),
+])
+def test_corrupt_notebooks_are_problems_not_exceptions(name, key):
+    assert problem_of(name).key == key
+
+
+def test_split_entry_names_the_line_where_the_continuation_starts():
+    sub = load.load(NB / "split_entry.ipynb")
+    joined = "\n".join(c.rstrip("\n") + "\n" for c in (
+        notebook.cell_source(cell) for cell in json.loads((NB / "split_entry.ipynb").read_text())["cells"]))
+    line = sub.problem.params["line"]
+    assert joined.splitlines()[line - 1].strip() == "local_feature = torch.full((128,), float(rank))"
+    assert "(line 13)" in render("load.split_entry", sub.problem.params, "en")
+
+
+def test_a_continuation_right_after_its_cell_is_one_function():
+    sub = load.load(NB / "split_adjacent.ipynb")
+    assert sub.problem is None
+    compile(sub.source, "split_adjacent.ipynb", "exec")
+
+
+def test_nbformat_3_notebooks_load():
+    sub = load.load(NB / "nbformat3.ipynb")
+    assert sub.problem is None and "def run_worker" in sub.source
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, '{"cells": [{"cell_type": "code", "source": [1, 2]}]}',
+                                  '{"cells": "abc"}', "", "null"])
+def test_hostile_json_never_raises(text):
+    source, problem = notebook.code_from_notebook(text)
+    assert source is None and problem[0] in ("load.bad_notebook", "load.no_code_cells")
+
+
+# -- the kernel's program (no processes) --------------------------------------------------------
+
+def test_kernel_program_follows_the_kernel_not_the_page():
+    answer = (CLASS / "alice.py").read_text()
+    broken = "def run_worker(rank, world_size)\n    pass\n"           # never ran: a SyntaxError
+    history = [IMPORTS, "%matplotlib inline\n!ls", "def run_worker(rank, world_size):\n    return None\n",
+               answer, broken, "from grader import nbcheck\nnbcheck.report()"]
+    source, key = nbcheck.kernel_program(history)
+    assert "pass  # %matplotlib inline" not in source                # a cell with nothing to define
+    assert "def run_worker(rank, world_size)\n    pass" not in source
+    assert source.index("return None") < source.index("dist.all_reduce")  # kernel order: the answer last
+    assert source.strip().endswith("nbcheck.report()")
+    # more check cells, or running the answer cell again, is the same program: graded once
+    more = history + ['from grader import nbcheck\nnbcheck.check("ws2.all_reduce")', answer,
+                      'from grader import nbcheck\nnbcheck.check("ws2.all_gather")']
+    assert nbcheck.kernel_program(more)[1] == key
+    # a changed answer is a new program
+    assert nbcheck.kernel_program(history + [answer.replace("1024", "512")])[1] != key
+
+
+def test_the_latest_definition_is_the_one_graded():
+    old = "def run_worker(rank, world_size):\n    raise NotImplementedError\n"
+    new = (CLASS / "alice.py").read_text()
+    source, _ = nbcheck.kernel_program([IMPORTS, old, new])
+    assert source.index("raise NotImplementedError") < source.index("dist.all_gather")
+
+
+def test_hidden_failures_show_no_values_and_no_traceback():
+    spec = next(s for s in CHECKS if s.id == "ws4.all_gather")
+    check = CheckResult(spec, Outcome.WRONG, 0.0, notes=[Note("cause.gather_list_size")],
+                        details=[Note("detail.rank_value", {"rank": 0, "quantity": "full_feature",
+                                                            "expected_shape": "(512,)", "expected": "[0.0, 1.0]",
+                                                            "shape": "(256,)", "dtype": "float32", "values": "[0.0]"})])
+    text = nbcheck.check_text(GradingResult("notebook.ipynb", [check]), check, "en")
+    assert "(512,)" not in text and "expected" not in text and "ws4" not in text
+    assert render("hint.wrong", {}, "en") in text and render("cause.gather_list_size", {}, "en") in text
+    err = nbcheck.CheckFailed(text)
+    assert isinstance(err, AssertionError) and err._render_traceback_() == text.splitlines()
+
+
+# -- the check with real ranks, without a kernel --------------------------------------------------
+
+@pytest.mark.timeout(90)
+def test_check_grades_once_and_is_quiet_on_a_correct_answer(monkeypatch, capsys):
+    history = [IMPORTS, (CLASS / "alice.py").read_text()]
+    monkeypatch.setattr(nbcheck, "kernel_cells", lambda: history)
+    monkeypatch.setattr(nbcheck, "_CACHE", {})
+    history.append("from grader import nbcheck\nnbcheck.report()")  # a kernel's history holds the running cell
+    nbcheck.report("en")
+    for spec in CHECKS:
+        history.append(f'from grader import nbcheck\nnbcheck.check("{spec.id}")')
+        nbcheck.check(spec.id, "en")
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert "Score: 40 / 40" in out and out.count("[PASS]") == 4 + len(CHECKS)
+    assert len(nbcheck._CACHE) == 1
+
+
+@pytest.mark.timeout(90)
+def test_check_raises_the_checks_feedback(monkeypatch, capsys):
+    monkeypatch.setattr(nbcheck, "kernel_cells", lambda: [IMPORTS, (CLASS / "dave.py").read_text()])
+    monkeypatch.setattr(nbcheck, "_CACHE", {})
+    nbcheck.check("ws2.all_gather", "en")
+    with pytest.raises(nbcheck.CheckFailed) as failed:
+        nbcheck.check("ws2.all_reduce", "en")
+    assert "world_size times too large" in failed.value.text
+    with pytest.raises(nbcheck.CheckFailed) as hidden:
+        nbcheck.check("ws3.all_reduce", "en")
+    assert title(CheckResult(next(s for s in CHECKS if s.id == "ws3.all_reduce"), Outcome.WRONG), "en") in hidden.value.text
+    assert "expected" not in hidden.value.text and "ws3" not in hidden.value.text
+    with pytest.raises(ValueError):
+        nbcheck.check("ws9.all_reduce")
+    assert capsys.readouterr().err == ""
+
+
+# -- through the CLI ----------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["correct.ipynb", "split_adjacent.ipynb", "nbformat3.ipynb"])
+def test_cli_grades_notebooks(grade, name):
+    results, proc = grade(NB / name)
+    assert results["score"] == 100, results
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_cli_check_takes_a_notebook():
+    proc = run_cli("check", str(NB / "correct.ipynb"), "--lang", "en")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Score: 40 / 40" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_cli_check_on_the_release_notebook_says_todo():
+    proc = run_cli("check", str(ROOT / "assignments" / "dist_primitives" / "dist_primitives.ipynb"), "--lang", "en")
+    assert proc.returncode == 1
+    assert "run_worker still raises NotImplementedError" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name, key, params", [
+    ("bad_json.ipynb", "load.bad_notebook", None),
+    ("not_a_notebook.ipynb", "load.bad_notebook", {"error": "no 'cells' list"}),
+    ("no_code.ipynb", "load.no_code_cells", {}),
+    ("split_entry.ipynb", "load.split_entry", {"line": 13}),
+])
+def test_cli_gives_corrupt_notebooks_a_message_and_zero(grade, name, key, params):
+    results, proc = grade(NB / name, lang="zh")
+    assert results["score"] == 0 and results["extra_data"]["grader_error"] is None
+    expected = render(key, params if params is not None else problem_of(name).params, "zh")
+    assert expected in results["output"]
+    assert "Traceback" not in proc.stdout + proc.stderr
