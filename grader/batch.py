@@ -35,6 +35,7 @@ from . import checks as rubric
 from . import load as loader
 from .messages import default_lang, render
 from .results import failed_results, write_atomic
+from .sandbox import default_total_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 RUBRIC_KEY = ",".join(f"{c.id}:{c.points:g}" for c in rubric.CHECKS)
@@ -121,7 +122,7 @@ def lock(out: Path):
 
 # -- the worker: one Runner, one student at a time -----------------------------------------------------
 def worker_main(argv: list[str]) -> int:
-    """`python -c 'from grader.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX`.
+    """`python -c 'from grader.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB`.
 
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
@@ -135,10 +136,11 @@ def worker_main(argv: list[str]) -> int:
     if os.getppid() != parent:                    # its zygote, which exits when its socket closes)
         return 1
     lang, backend, wall_s, memory_mb, sandbox = argv[0], argv[1], float(argv[2]), int(argv[3]), argv[4] == "1"
+    total_mb = int(argv[5])
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     fault = os.environ.get(FAULT_ENV)
-    with Runner(limits=Limits(wall_s=wall_s, memory_mb=memory_mb), sandbox=sandbox) as runner:
+    with Runner(limits=Limits(wall_s=wall_s, memory_mb=memory_mb, total_mb=total_mb), sandbox=sandbox) as runner:
         for line in sys.stdin:
             task = json.loads(line)
             if fault and task["name"] == fault:
@@ -156,7 +158,8 @@ class Worker:
 
     def __init__(self, args, log_dir: Path, index: int):
         cmd = [sys.executable, "-c", "import sys; from grader.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
-               args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1"]
+               args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
+               str(args.memory_total_mb or default_total_mb(args.jobs))]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.log = log_dir / f"worker-{index}.log"

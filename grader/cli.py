@@ -22,7 +22,7 @@ EXIT_USAGE = 2
 
 
 def _limits(args) -> Limits:
-    return Limits(wall_s=args.time_limit, memory_mb=args.memory_mb)
+    return Limits(wall_s=args.time_limit, memory_mb=args.memory_mb, total_mb=args.memory_total_mb)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -31,6 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="auto: nccl when at least world_size GPUs are visible, else gloo")
     p.add_argument("--time-limit", type=float, default=Limits.wall_s, help="seconds per run (default %(default)s)")
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="address space per rank (default %(default)s)")
+    p.add_argument("--memory-total-mb", type=int, default=0,
+                   help="memory of all ranks together, a cgroup where the machine allows (default: 3/4 of RAM)")
     p.add_argument("--no-sandbox", action="store_true", help="run ranks without namespaces or a uid change (debugging)")
 
 

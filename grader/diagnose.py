@@ -88,6 +88,8 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
     exit_info = record.exit or {}
     sig = exit_info.get("signal")
+    if sig == signal.SIGKILL and run.oom_killed:
+        return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
     if sig is not None and not (sig == signal.SIGKILL and run.stop != "completed"):
         if sig == signal.SIGXCPU:
             return Outcome.CPU_LIMIT, Note("fail.cpu", {"rank": r})

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .sandbox import UID_BASE, Limits, count_processes
+from .sandbox import UID_BASE, Limits, MemoryCgroup, count_processes, default_total_mb
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
 DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
@@ -102,6 +102,7 @@ class RunOutcome:
     error: str | None = None
     processes: int | None = None  # processes of the run's uid when it was stopped (root mode only)
     process_limit_hit: bool = False
+    oom_killed: bool = False      # the kernel killed a rank of this run for the grader's total memory
 
 
 class _Run:
@@ -120,6 +121,7 @@ class _Run:
         self.stopping_since: float | None = None
         self.leader_gone = False
         self.killed = False
+        self.oom_before = 0
 
     def set_stop(self, reason: str, rank: int | None = None) -> None:
         if self.outcome.stop == "completed" and self.stopping_since is None:
@@ -142,6 +144,10 @@ class Runner:
         self.base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-"))
         os.chmod(self.base, 0o711)
         self._ids = 0
+        self.cgroup: MemoryCgroup | None = None
+        if sandbox and os.geteuid() == 0:
+            self.cgroup = MemoryCgroup.create(f"grader-{os.getpid()}-{id(self) % 10000}",
+                                              self.limits.total_mb or default_total_mb())
         self.start()
 
     # -- zygote -------------------------------------------------------------------------------
@@ -194,7 +200,10 @@ class Runner:
         lay = self.layers
         layers = Layers(root=lay["root"] and self.use_sandbox, namespaces=lay["namespaces"] and self.use_sandbox,
                         user_namespace=lay["user_namespace"])
-        return layers.names()
+        names = layers.names()
+        if self.cgroup is not None:
+            names.append(f"memory cgroup ({self.cgroup.limit_mb} MiB for all ranks)")
+        return names
 
     def close(self) -> None:
         if self.conn is not None:
@@ -207,6 +216,9 @@ class Runner:
                 pass
             self.proc.wait()
             self.proc = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
         shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> Runner:
@@ -287,7 +299,8 @@ class Runner:
         self._ids += 1
         req = {"id": self._ids, "world_size": request.world_size, "uid": uid, "cwd": cwd,
                "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
-               "limits": asdict(self.limits), "cuda": request.backend == "nccl"}
+               "limits": asdict(self.limits), "cuda": request.backend == "nccl",
+               "cgroup": self.cgroup.procs if self.cgroup is not None else None}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
             data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
@@ -302,6 +315,7 @@ class Runner:
             os.close(fd)
         run.pidfd = fds[0]
         run.started = run.last_progress = time.monotonic()
+        run.oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
         for fd, (role, _) in run.fd_role.items():
             sel.register(fd, selectors.EVENT_WRITE if role == "spec" else selectors.EVENT_READ, run)
         sel.register(run.pidfd, selectors.EVENT_READ, run)
@@ -532,6 +546,8 @@ class Runner:
     def _finish(self, run: _Run, sel) -> None:
         if run.stopping_since is None:
             run.outcome.elapsed = time.monotonic() - run.started
+        if self.cgroup is not None and self.cgroup.oom_kills() > run.oom_before:
+            run.outcome.oom_killed = True
         for fd in list(run.fd_role):
             try:
                 sel.unregister(fd)

@@ -7,8 +7,10 @@ even when the submission also calls the collectives on throwaway tensors.
 
 Honest code that asserts its own expected values raises in the perturbed run; that is expected there,
 and its values are read from run_worker's locals at the exception (or at its last collective, when
-another rank's exception left it waiting). Order of verdicts on a rank: no value (the reason it stopped),
-wrong type, wrong value, not through the collective, pass.
+another rank's exception left it waiting; a snapshot counts only for a quantity whose collective had
+completed before it). Order of verdicts on a rank: no value (the reason it stopped), wrong type, wrong
+value, an async_op collective never wait()ed (right by luck is still a race), not through the collective,
+pass.
 """
 from __future__ import annotations
 

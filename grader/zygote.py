@@ -99,6 +99,8 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
         for fd in (devnull, status_fd):
             os.close(fd)
         limits = sandbox.Limits(**req["limits"])
+        if req.get("cgroup"):
+            sandbox.join_cgroup(req["cgroup"])
         drop = req["uid"] is not None
         sandbox.apply_limits(limits, uid_limits=drop, address_space=not req["cuda"])
         if drop:

@@ -3,14 +3,18 @@ bounded time, and leaves nothing behind (issue 5)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
+import signal
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, outcomes, run_cli
+from conftest import FIXTURES, PY, ROOT, outcomes, run_cli
 from grader.sandbox import UID_BASE
 
 SANDBOX = FIXTURES / "sandbox"
@@ -18,8 +22,13 @@ SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"
 FAST = ("--time-limit", "6")  # hang-type fixtures: a shorter per-run limit keeps the suite quick
 
 
-def leftover_processes() -> list[int]:
-    """Processes still running under any uid the sandbox hands out."""
+def leftover_processes(supervisor: int | None = None) -> list[int]:
+    """Processes still running under the uids a supervisor hands out (any supervisor's when None)."""
+    if supervisor is None:
+        low, high = UID_BASE, UID_BASE + (1 << 22)
+    else:
+        low = UID_BASE + (supervisor % 65536) * 64
+        high = low + 64
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -27,9 +36,25 @@ def leftover_processes() -> list[int]:
                 uid = entry.stat().st_uid
             except OSError:
                 continue
-            if UID_BASE <= uid < UID_BASE + (1 << 22):
+            if low <= uid < high:
                 pids.append(int(entry.name))
     return pids
+
+
+def grade_process(submission: Path, results: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "grader", "grade", str(submission), "--results", str(results), *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 80) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out
 
 
 def tree_digest(folder: Path) -> str:
@@ -57,21 +82,20 @@ CASES = [
 def test_hostile_submission_gets_its_verdict(tmp_path, name, outcome, total, extra):
     results = tmp_path / "results.json"
     started = time.monotonic()
-    proc = run_cli("grade", str(SANDBOX / f"{name}.py"), "--results", str(results), "--lang", "en", *extra)
+    proc = grade_process(SANDBOX / f"{name}.py", results, "--lang", "en", *extra)
+    out = finish(proc)
     elapsed = time.monotonic() - started
-    assert proc.returncode == 0, proc.stderr
-    import json
+    assert proc.returncode == 0
     data = json.loads(results.read_text())
     assert outcomes(data)["ws2.all_reduce"] == outcome
     assert data["score"] == total
     assert elapsed < 60, f"grading took {elapsed:.1f} s"
-    assert "Traceback" not in proc.stdout
-    assert leftover_processes() == []
+    assert "Traceback" not in out
+    assert leftover_processes(proc.pid) == []
 
 
 @pytest.mark.timeout(60)
 def test_memory_hog_stopped_by_memory_limit(tmp_path):
-    import json
     results = tmp_path / "r.json"
     proc = run_cli("grade", str(SANDBOX / "memory_hog.py"), "--results", str(results), "--lang", "en")
     data = json.loads(results.read_text())
@@ -85,7 +109,6 @@ def test_memory_hog_stopped_by_memory_limit(tmp_path):
 @pytest.mark.timeout(60)
 def test_memory_limit_is_configurable(tmp_path):
     """A correct solution fits the default 2 GiB; with 600 MiB a rank cannot even hold torch + gloo."""
-    import json
     ok = tmp_path / "ok.json"
     run_cli("grade", str(SOLUTION), "--results", str(ok))
     assert json.loads(ok.read_text())["score"] == 100
@@ -98,19 +121,41 @@ def test_memory_limit_is_configurable(tmp_path):
 def test_daemon_cannot_touch_results_after_grading(tmp_path):
     """A double-forked setsid daemon wakes 3 s after its run to overwrite every results file it finds:
     the pid namespace is torn down with the run, so it never wakes."""
-    import json
     results = tmp_path / "results.json"
-    proc = run_cli("grade", str(SANDBOX / "daemon_overwrite.py"), "--results", str(results))
+    proc = grade_process(SANDBOX / "daemon_overwrite.py", results)
+    out = finish(proc)
     before = results.read_text()
-    assert json.loads(before)["score"] == 100, proc.stdout
+    assert json.loads(before)["score"] == 100, out
+    assert leftover_processes(proc.pid) == []
     time.sleep(4)
     assert results.read_text() == before
-    assert leftover_processes() == []
+
+
+@pytest.mark.timeout(60)
+def test_killing_the_supervisor_stops_its_runs(tmp_path):
+    """SIGKILL the grader mid-run: its zygote stops every run in flight and removes the run folders."""
+    proc = grade_process(SANDBOX / "infinite_loop.py", tmp_path / "r.json")
+    deadline = time.monotonic() + 30
+    while not leftover_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftover_processes(proc.pid), "the ranks never started"
+    base = list(Path(tempfile.gettempdir()).glob(f"grader-runs-{proc.pid}-*"))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while leftover_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leftover_processes(proc.pid) == []
+    while any(path.exists() for path in base) and time.monotonic() < deadline + 5:
+        time.sleep(0.1)
+    assert base and not any(path.exists() for path in base)
+    if proc.stdout:
+        proc.stdout.close()
+        proc.stderr.close()
 
 
 @pytest.mark.timeout(60)
 def test_writes_stay_in_the_working_directory(tmp_path):
-    import json
     submission = tmp_path / "sub" / "write_outside.py"
     submission.parent.mkdir()
     shutil.copy(SANDBOX / "write_outside.py", submission)
