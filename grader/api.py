@@ -71,11 +71,21 @@ def _grade(submission, specs, runner: Runner, backend: str) -> GradingResult:
             continue
         result.checks.append(verify.evaluate(spec, ws_runs))
     score.hardcoded_world_size(result.checks)
+    result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)]
     if rubric.VISIBLE_WORLD_SIZE in runs:
         clean = runs[rubric.VISIBLE_WORLD_SIZE].clean
         result.teaching = teaching_notes(clean)
         result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in clean.ranks if rec.output_total]
     return result
+
+
+def _run_summary(run) -> dict:
+    """How one run ended, for staff (results.json extra_data): never rendered for students."""
+    return {"world_size": run.request.world_size, "label": run.request.label, "stop": run.stop,
+            "stop_rank": run.stop_rank, "error": run.error, "elapsed": round(run.elapsed, 3),
+            "ranks": [{"how": (rec.result or {}).get("how"), "exit": rec.exit, "setup_error": rec.setup_error,
+                       "inside": (rec.inside or {}).get("op"), "output_bytes": rec.output_total}
+                      for rec in run.ranks]}
 
 
 def _backend_for(ws: int, backend: str, gpus: int) -> str | None:

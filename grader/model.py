@@ -67,6 +67,7 @@ class GradingResult:
     layers: list[str] = field(default_factory=list)       # sandbox layers applied
     outputs: list[tuple[int, str, int]] = field(default_factory=list)  # visible run: (rank, kept text, total bytes)
     grader_error: str | None = None                       # traceback for staff; the grade is then 0
+    runs: list[dict] = field(default_factory=list)        # for staff: how each run ended (never shown to students)
 
     @property
     def score(self) -> float:

@@ -93,6 +93,22 @@ def describe(obj, values: bool = True) -> dict:
     return out
 
 
+class _LineReader:
+    """Lines from the supervisor on the control pipe: the spec, then one delta per perturbed collective."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buf = fd, b""
+
+    def readline(self) -> bytes:
+        while b"\n" not in self.buf:
+            chunk = _read(self.fd, 1 << 16)
+            if not chunk:
+                raise EOFError("control pipe closed")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line
+
+
 class _TimedWork:
     """An async_op handle whose wait() reports when the collective really finished."""
 
@@ -104,18 +120,29 @@ class _TimedWork:
         self._done()
         return result
 
+    def is_completed(self):
+        finished = self._work.is_completed()
+        if finished:
+            self._done()
+        return finished
+
+    def get_future(self):
+        future = self._work.get_future()
+        future.add_done_callback(lambda _: self._done())
+        return future
+
     def __getattr__(self, name):
         return getattr(self._work, name)
 
 
 class _RankState:
-    def __init__(self, spec: dict, channel: _Channel):
+    def __init__(self, spec: dict, channel: _Channel, control: _LineReader):
         self.spec = spec
+        self.control = control
         self.rank = spec["rank"]
         self.channel = channel
         self.counts: dict[str, int] = {}
         self.perturb = set(spec.get("perturb") or ())   # collective families to perturb: all_reduce, all_gather
-        self.seed = spec.get("seed")
         self.entry_code = None
         self.cuda = spec["backend"] != "gloo"
 
@@ -132,14 +159,21 @@ class _RankState:
         if frame is not None:
             self.channel.send(t="snap", locals=tensor_locals(frame.f_locals))
 
-    def delta_for(self, op: str, k: int, tensor):
-        pat = perturb.pattern(self.seed, op, k, _numel(tensor), str(_dtype_of(tensor)))
-        if pat is None:
-            return None
-        base = torch.tensor(pat, dtype=torch.float64)
-        reps = -(-_numel(tensor) // len(pat))
-        flat = base.repeat(reps)[: _numel(tensor)]
-        return flat.reshape(_shape_of(tensor)).to(dtype=_dtype_of(tensor), device=_device_of(tensor))
+    def delta_reply(self, op: str, k: int) -> list | None:
+        """This call's deltas, asked of the supervisor (it answers every perturbed call's "enter"): no
+        secret lives in the rank process before the collective runs, so student code cannot compute
+        the perturbation ahead of it."""
+        reply = json.loads(self.control.readline())
+        if reply.get("op") != op or reply.get("n") != k:
+            raise RuntimeError("grader protocol out of step")
+        return reply.get("values") or None
+
+
+def _delta_tensor(values: list, tensor):
+    base = torch.tensor(values, dtype=torch.float64)
+    reps = -(-_numel(tensor) // len(values))
+    flat = base.repeat(reps)[: _numel(tensor)]
+    return flat.reshape(_shape_of(tensor)).to(dtype=_dtype_of(tensor), device=_device_of(tensor))
 
 
 def tensor_locals(namespace: dict) -> dict:
@@ -189,14 +223,20 @@ def _wrap_collective(name: str, original):
         k = state.next_index(name)
         state.snapshot()  # every run: a rank that never returns is judged on what it held here
         state.channel.send(t="enter", op=name, n=k, args=_call_info(bound.arguments))
-        if family is not None and family in state.perturb:
+        perturbed = family is not None and family in state.perturb
+        if perturbed:
             _apply_delta(state, name, k, bound)
         start = _perf()
+        reported = []
 
         def done(ok=True):
+            if reported:
+                return
+            reported.append(True)
             if state.cuda and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
-            state.channel.send(t="exit", op=name, n=k, ok=ok, ms=(_perf() - start) * 1000)
+            extra = {"out": _output_values(name, bound.arguments)} if perturbed else {}
+            state.channel.send(t="exit", op=name, n=k, ok=ok, ms=(_perf() - start) * 1000, **extra)
 
         try:
             result = original(*bound.args, **bound.kwargs)
@@ -213,22 +253,40 @@ def _wrap_collective(name: str, original):
     return collective
 
 
+def _output_values(name: str, args: dict) -> list | None:
+    """What a perturbed collective produced on this rank: verify.py checks the result was derived from it."""
+    try:
+        if name == "all_reduce":
+            outputs = [args.get("tensor")]
+        elif name == "all_gather":
+            outputs = list(args.get("tensor_list") or [])
+        else:
+            outputs = [args.get("output_tensor")]
+        values = []
+        for out in outputs:
+            if type(out) not in _PLAIN:
+                return None
+            values += _tolist(_reshape(_cpu(_detach(out)), (-1,)))
+            if len(values) > MAX_VALUES:
+                return values[:MAX_VALUES]
+        return values
+    except Exception:
+        return None
+
+
 def _apply_delta(state: _RankState, name: str, k: int, bound) -> None:
-    if name == "all_reduce":
-        tensor = bound.arguments.get("tensor")
-        if type(tensor) in _PLAIN:
-            delta = state.delta_for(name, k, tensor)
-            if delta is not None:
-                with _no_grad():
-                    _add_(tensor, delta)
-        return
-    key = "tensor" if name == "all_gather" else "input_tensor"
+    values = state.delta_reply(name, k)
+    key = {"all_reduce": "tensor", "all_gather": "tensor"}.get(name, "input_tensor")
     tensor = bound.arguments.get(key)
-    if type(tensor) in _PLAIN:
-        delta = state.delta_for(name, k, tensor)
-        if delta is not None:
-            with _no_grad():
-                bound.arguments[key] = _detach(tensor) + delta
+    if values is None or type(tensor) not in _PLAIN:
+        return
+    delta = _delta_tensor(values, tensor)
+    with _no_grad():
+        if name == "all_reduce":
+            _add_(tensor, delta)                         # in place: all_reduce sends and receives in it
+        else:
+            bound.arguments[key] = _detach(tensor) + delta  # the student's own tensor stays as it was
+    del delta, values
 
 
 def _student_init_process_group(*args, **kwargs):
@@ -271,16 +329,6 @@ def install_hooks() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-
-def _read_spec(fd: int) -> dict:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = _read(fd, 1 << 16)
-        if not chunk:
-            raise EOFError("no spec")
-        buf += chunk
-    return json.loads(buf)
-
 
 def _error_record(err: BaseException, filename: str) -> dict:
     frames = []
@@ -325,11 +373,11 @@ def _names_of(returned, final_locals: dict) -> dict:
     return names
 
 
-def run(spec: dict, channel: _Channel) -> None:
+def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
     """Everything a rank does after its sandbox is in place."""
     global _STATE
     rank, world_size = spec["rank"], spec["world_size"]
-    state = _STATE = _RankState(spec, channel)
+    state = _STATE = _RankState(spec, channel, control)
     if state.cuda:
         torch.cuda.set_device(rank)
     store = dist.FileStore(spec["store"], world_size)
@@ -379,8 +427,9 @@ def rank_main(spec_fd: int, result_fd: int) -> None:
     channel = _Channel(result_fd)
     code = 0
     try:
-        spec = _read_spec(spec_fd)
-        run(spec, channel)
+        control = _LineReader(spec_fd)
+        spec = json.loads(control.readline())
+        run(spec, channel, control)
     except BaseException as err:  # the grader's own failure (setup), reported as such
         try:
             channel.send(t="setup_error", error=f"{type(err).__name__}: {err}"[:2000])

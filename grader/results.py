@@ -41,6 +41,7 @@ def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
             "outcomes": {c.spec.id: c.outcome.value for c in result.checks},
             "sandbox": result.layers,
             "grader_error": result.grader_error,
+            "runs": result.runs,
         },
     }
 

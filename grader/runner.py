@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .perturb import PERTURBED_OPS, pattern
 from .sandbox import UID_BASE, Limits, MemoryCgroup, count_processes, default_total_mb
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
@@ -122,6 +123,8 @@ class _Run:
         self.leader_gone = False
         self.killed = False
         self.oom_before = 0
+        self.spec_fd: dict[int, int] = {}   # rank -> write end of its control pipe (spec, then deltas)
+        self.writing: set[int] = set()      # control pipes registered for writing
 
     def set_stop(self, reason: str, rank: int | None = None) -> None:
         if self.outcome.stop == "completed" and self.stopping_since is None:
@@ -144,6 +147,7 @@ class Runner:
         self.base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-"))
         os.chmod(self.base, 0o711)
         self._ids = 0
+        self._sel = None
         self.cgroup: MemoryCgroup | None = None
         if sandbox and os.geteuid() == 0:
             self.cgroup = MemoryCgroup.create(f"grader-{os.getpid()}-{id(self) % 10000}",
@@ -235,7 +239,7 @@ class Runner:
         results: dict[int, RunOutcome] = {}
         active: dict[int, tuple[int, _Run]] = {}
         free_slots = list(range(self.max_parallel))
-        sel = selectors.DefaultSelector()
+        sel = self._sel = selectors.DefaultSelector()
         try:
             while queue or active:
                 while queue and free_slots:
@@ -262,6 +266,7 @@ class Runner:
                 self._kill(run, signal.SIGKILL)
                 self._finish(run, sel)
             sel.close()
+            self._sel = None
         return [results[i] for i in range(len(requests))]
 
     def _launch(self, request: RunRequest, slot: int, sel) -> _Run:
@@ -287,9 +292,9 @@ class Runner:
                 os.set_blocking(fd, False)
             spec = {"rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "backend": request.backend, "perturb": list(request.perturb),
-                    "seed": request.seeds[r] if request.seeds else None,
                     "store": f"{cwd}/.store", "timeout": self.limits.wall_s}
             run.pending[spec_w] = memoryview((json.dumps(spec) + "\n").encode())
+            run.spec_fd[r] = spec_w
             run.fd_role.update({spec_w: ("spec", r), res_r: ("result", r), out_r: ("output", r)})
             keep += [spec_w, res_r, out_r]
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
@@ -318,6 +323,8 @@ class Runner:
         run.oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
         for fd, (role, _) in run.fd_role.items():
             sel.register(fd, selectors.EVENT_WRITE if role == "spec" else selectors.EVENT_READ, run)
+            if role == "spec":
+                run.writing.add(fd)
         sel.register(run.pidfd, selectors.EVENT_READ, run)
         return run
 
@@ -356,7 +363,30 @@ class Runner:
         else:
             run.pending.pop(fd, None)
             sel.unregister(fd)  # kept open: the rank waits for its EOF, i.e. for the end of the run
-            run.fd_role[fd] = ("spec-held", run.fd_role[fd][1])
+            run.writing.discard(fd)
+
+    def _send_control(self, run: _Run, rank: int, message: dict) -> None:
+        fd = run.spec_fd.get(rank)
+        if fd is None or fd not in run.fd_role:
+            return
+        line = (json.dumps(message) + "\n").encode()
+        run.pending[fd] = memoryview(bytes(run.pending.get(fd, b"")) + line)
+        if fd not in run.writing and self._sel is not None:
+            self._sel.register(fd, selectors.EVENT_WRITE, run)
+            run.writing.add(fd)
+
+    def _answer_delta(self, run: _Run, rank: int, msg: dict) -> None:
+        """A rank entered a collective in a perturbed run: send it this call's deltas (see perturb.py).
+        The seeds never leave the supervisor."""
+        op, n = msg.get("op"), msg.get("n")
+        family = PERTURBED_OPS.get(op)
+        if family is None or family not in run.request.perturb:
+            return
+        arg = ((msg.get("args") or {}).get("tensor" if op in ("all_reduce", "all_gather") else "input_tensor")) or {}
+        values = None
+        if isinstance(arg, dict) and isinstance(arg.get("numel"), int) and isinstance(n, int):
+            values = pattern(run.request.seeds[rank], op, n, arg["numel"], str(arg.get("dtype", "")))
+        self._send_control(run, rank, {"op": op, "n": n, "values": values})
 
     def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
         try:
@@ -426,6 +456,8 @@ class Runner:
         if kind == "enter":
             record.calls.append(msg)
             record.inside = msg
+            if run.request.perturb:
+                self._answer_delta(run, r, msg)
         elif kind == "exit":
             record.calls.append(msg)
             record.inside = None

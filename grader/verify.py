@@ -98,8 +98,9 @@ def _pattern_of(call: dict, seed: int, key: str) -> list | None:
     return None if pat is None else perturb.expand(pat, arg["numel"])
 
 
-def expected_shifts(run: RunOutcome, quantity: str) -> list[list[float]]:
-    """Every shift the perturbation could have caused, one per call index of the collective."""
+def expected_shifts(run: RunOutcome, quantity: str) -> list[tuple[int, list[float]]]:
+    """(call index, shift) for every shift the perturbation could have caused. For the gradient both the
+    averaged shift (sum, then / world_size; or ReduceOp.AVG) and the plain sum (inputs divided first)."""
     ws = run.request.world_size
     seeds = run.request.seeds
     ops = FAMILY_OPS[FAMILY_OF[quantity]]
@@ -111,14 +112,38 @@ def expected_shifts(run: RunOutcome, quantity: str) -> list[list[float]]:
             pats = [_pattern_of(c, seeds[r], "tensor") for r, c in enumerate(calls)]
             if any(p is None or len(p) < GRADIENT_NUMEL for p in pats):
                 continue
-            shifts.append([sum(p[i] for p in pats) / ws for i in range(GRADIENT_NUMEL)])
+            total = [sum(p[i] for p in pats) for i in range(GRADIENT_NUMEL)]
+            shifts += [(k, [t / ws for t in total]), (k, total)]
         else:
             key = lambda c: "tensor" if c["op"] == "all_gather" else "input_tensor"  # noqa: E731
             pats = [_pattern_of(c, seeds[r], key(c)) for r, c in enumerate(calls)]
             if any(p is None or len(p) < FEATURE_NUMEL for p in pats):
                 continue
-            shifts.append([v for p in pats for v in p[:FEATURE_NUMEL]])
+            shifts.append((k, [v for p in pats for v in p[:FEATURE_NUMEL]]))
     return shifts
+
+
+def _output_of(record: RankRecord, ops: tuple[str, ...], k: int) -> list[float] | None:
+    """What the k-th call of the collective produced on this rank (logged in perturbed runs)."""
+    enters = [c for c in record.calls if c.get("t") == "enter" and c.get("op") in ops]
+    if k >= len(enters):
+        return None
+    op, n = enters[k]["op"], enters[k]["n"]
+    for call in record.calls:
+        if call.get("t") == "exit" and call.get("op") == op and call.get("n") == n and call.get("ok"):
+            out = call.get("out")
+            return [float(v) for v in out] if out else None
+    return None
+
+
+def _derived_from(moved: list[float], out: list[float] | None, quantity: str, ws: int, dtype: str) -> bool:
+    """The value is the collective's output itself (or, for the gradient, that output / world_size)."""
+    if out is None or len(out) < len(moved):
+        return False
+    out = out[: len(moved)]
+    candidates = [out, [v / ws for v in out]] if quantity == "gradient" else [out]
+    tol = 6e-2 if dtype in ("torch.float16", "torch.bfloat16") else 1e-4
+    return any(all(abs(m - c) <= tol + 1e-5 * abs(c) for m, c in zip(moved, cand)) for cand in candidates)
 
 
 def _perturbed_value(runs: WorldSizeRuns, quantity: str, rank: int, names: dict):
@@ -145,7 +170,13 @@ def through_collective(runs: WorldSizeRuns, quantity: str, rank: int, clean_desc
     if len(moved) != len(clean):
         return False
     delta = [m - c for m, c in zip(moved, clean)]
-    return any(_shift_ok(delta, shift, clean_desc["dtype"]) for shift in expected_shifts(run, quantity))
+    # Two conditions: the value moved by a shift only the seeds explain, and it is that call's output
+    # (so a probe collective on zeros, added to numbers computed locally, does not count).
+    ops = FAMILY_OPS[FAMILY_OF[quantity]]
+    ws = run.request.world_size
+    return any(_shift_ok(delta, shift, clean_desc["dtype"])
+               and _derived_from(moved, _output_of(run.ranks[rank], ops, k), quantity, ws, clean_desc["dtype"])
+               for k, shift in expected_shifts(run, quantity))
 
 
 def missing_observations(runs: WorldSizeRuns) -> list[str]:

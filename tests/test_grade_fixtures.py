@@ -161,6 +161,11 @@ CHEATS = [
     ("c05_patch_collectives", "not_collective"),
     ("c06_grader_state", "not_collective"),
     ("c07_exit_before_checks", "early_exit"),
+    # reads its rank's perturbation state from the grader's module and swaps it with the other ranks:
+    # there is nothing to read any more (the supervisor sends each call's deltas only when it is made)
+    ("c08_forge_shift_from_seeds", "not_collective"),
+    # learns the perturbation through collectives on zeros and adds it to local answers
+    ("c09_probe_perturbation_with_zeros", "not_collective"),
 ]
 
 
@@ -181,14 +186,6 @@ def test_fake_output_and_fake_results_change_nothing(grade, tmp_path):
     # the fake report lines appear only inside the quoted output of the rank
     assert "  | == submission.py: Score: 100 / 100 ==" in proc.stdout
     assert not (ROOT / "results.json").exists()
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason="KNOWN HOLE: a rank can read its own perturbation seed from grader.rank._STATE "
-                                       "and swap seeds over an unperturbed collective (all_gather_object)")
-def test_cheat_reading_the_seed_from_grader_state(grade):
-    results, proc = grade(FIXTURES / "cheats" / "c08_forge_shift_from_seeds.py")
-    assert results["score"] <= 10, proc.stdout
 
 
 def test_there_are_enough_cheats():
