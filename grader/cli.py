@@ -45,6 +45,8 @@ def cmd_check(args) -> int:
     with Runner(limits=_limits(args), sandbox=not args.no_sandbox) as runner:
         result = api.grade_path(path, runner=runner, include_hidden=False, backend=args.backend)
     sys.stdout.write(text_report(result, lang))
+    if _unreadable(result):
+        return EXIT_USAGE
     return 0 if result.all_passed else 1
 
 
@@ -71,7 +73,12 @@ def cmd_grade(args) -> int:
     sys.stdout.write(text_report(result, lang))
     if result.grader_error:
         print(result.grader_error, file=sys.stderr)
-    return 0
+    return EXIT_USAGE if _unreadable(result) else 0
+
+
+def _unreadable(result) -> bool:
+    """The path exists but cannot be read (permissions): a usage error, though results.json is written."""
+    return any(note.key == "load.unreadable" for note in result.summary)
 
 
 def build_parser() -> argparse.ArgumentParser:

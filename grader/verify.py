@@ -245,7 +245,9 @@ def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
     failed = [v for v in verdicts if v[1] is not Outcome.PASS]
     if not failed:
         return CheckResult(spec, Outcome.PASS, score=spec.points, notes=[Note("pass.runtime", {"op": spec.collective})])
-    outcome = failed[0][1]
+    # The check's verdict is the root cause: a rank stopped only because another one failed defers to it.
+    primary = [v for v in failed if not any(n.key == "fail.stopped" for n in v[2])] or failed
+    outcome = primary[0][1]
     details = [d for _, _, _, rank_details in failed for d in rank_details]
     _drop_partial_unchanged(failed)
     notes = [n for _, _, rank_notes, _ in failed for n in rank_notes]

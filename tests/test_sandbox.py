@@ -107,6 +107,21 @@ def test_memory_hog_stopped_by_memory_limit(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_total_memory_of_all_ranks_is_capped(tmp_path):
+    """Ranks that each stay under their own limit but together would exhaust the machine: the grader's
+    memory cgroup lets the kernel stop one of them, and the verdict says memory limit."""
+    if not os.access("/sys/fs/cgroup/memory", os.W_OK):
+        pytest.fail("this machine has no writable cgroup v1 memory controller; the test needs one")
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(SANDBOX / "memory_toucher.py"), "--results", str(results), "--lang", "en",
+                   "--memory-mb", "16384", "--memory-total-mb", "1500", "--time-limit", "20")
+    data = json.loads(results.read_text())
+    assert outcomes(data)["ws2.all_gather"] == "memory_limit", proc.stdout
+    assert "memory cgroup (1500 MiB for all ranks)" in proc.stdout
+    assert data["score"] <= 55
+
+
+@pytest.mark.timeout(60)
 def test_memory_limit_is_configurable(tmp_path):
     """A correct solution fits the default 2 GiB; with 600 MiB a rank cannot even hold torch + gloo."""
     ok = tmp_path / "ok.json"
