@@ -199,3 +199,42 @@ def test_report_names_the_layers_and_no_sandbox_still_grades(tmp_path):
     assert bare.returncode == 0, bare.stdout
     assert "pid namespace" not in bare.stdout.split("Sandbox: ")[-1]
     assert "rlimits" in bare.stdout.split("Sandbox: ")[-1]
+
+
+@pytest.mark.timeout(180)
+def test_hostile_class_through_batch(tmp_path):
+    """Every hostile fixture and two honest students in one batch (--jobs 2): each hostile one gets its
+    verdict, the honest ones keep 100, and after the daemon's moment has passed no result has changed
+    and no process is left."""
+    klass = tmp_path / "class"
+    klass.mkdir()
+    for path in SANDBOX.glob("*.py"):
+        shutil.copy(path, klass / path.name)
+    shutil.copy(SOLUTION, klass / "honest_a.py")
+    shutil.copy(SANDBOX / "fixed_port.py", klass / "honest_b.py")
+    for cheat in ("c02_patch_comparisons", "c03_tensor_subclass", "c04_fake_output"):
+        shutil.copy(FIXTURES / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
+    out = tmp_path / "out"
+    proc = run_cli("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "6", "--lang", "en",
+                   timeout=170)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    expected = {
+        "honest_a": ("pass", 100), "honest_b": ("pass", 100), "daemon_overwrite": ("pass", 100),
+        "write_outside": ("pass", 100), "fixed_port": ("pass", 100),
+        "infinite_loop": ("timeout", 5), "fork_bomb": ("process_limit", 5), "one_rank_collective": ("deadlock", 10),
+        "output_flood": ("output_limit", 5), "kill_parent": ("crash", 0), "os_exit": ("early_exit", 0),
+        "sys_exit": ("early_exit", 0), "memory_hog": ("pass", 55), "memory_toucher": ("pass", 55),
+        "c02_patch_comparisons": ("wrong", 10), "c03_tensor_subclass": ("bad_type", 10),
+        "c04_fake_output": ("bad_type", 10),
+    }
+    snapshot = {}
+    for student, (outcome, score) in expected.items():
+        data = json.loads((out / f"{student}.json").read_text())
+        assert data["score"] == score, (student, data["extra_data"]["outcomes"])
+        assert outcomes(data)["ws2.all_reduce"] == outcome, (student, data["extra_data"]["outcomes"])
+    for path in sorted(out.iterdir()):
+        if path.is_file():
+            snapshot[path.name] = path.read_bytes()
+    time.sleep(4)  # the daemon meant to wake 3 s after its run and overwrite every results file it finds
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()} == snapshot
+    assert leftover_processes() == []
