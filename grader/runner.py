@@ -400,44 +400,7 @@ class Runner:
             os.close(fd)
             del run.fd_role[fd]
             return
-        if role == "output":
-            record = run.outcome.ranks[r]
-            record.output_total += len(chunk)
-            room = run.limits.output_keep_kb * 1024 - len(record.output)
-            if room > 0:
-                record.output += chunk[:room]
-            if record.output_total > run.limits.output_max_mb << 20:
-                run.set_stop("output_limit", r)
-                self._stop(run)
-            return
-        buf = run.buffers.setdefault(fd, bytearray())
-        buf += chunk
-        if role == "result":
-            run.outcome.ranks[r].protocol_bytes += len(chunk)
-            if run.outcome.ranks[r].protocol_bytes > MAX_PROTOCOL:
-                run.set_stop("protocol", r)
-                self._stop(run)
-                return
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                if len(buf) > MAX_LINE:
-                    run.set_stop("protocol", r)
-                    self._stop(run)
-                    buf.clear()
-                return
-            line = bytes(buf[:nl])
-            del buf[: nl + 1]
-            try:
-                message = json.loads(line)
-            except ValueError:
-                if role == "result":
-                    run.set_stop("protocol", r)
-                    self._stop(run)
-                continue
-            if not isinstance(message, dict):
-                continue
-            self._handle(run, role, r, message)
+        self._feed(run, fd, role, r, chunk)
 
     def _handle(self, run: _Run, role: str, r: int, msg: dict) -> None:
         run.last_progress = time.monotonic()
@@ -556,24 +519,41 @@ class Runner:
         return True
 
     def _feed(self, run: _Run, fd: int, role: str, r: int, chunk: bytes) -> None:
+        """Take in what a rank wrote: output is kept up to a cap and counted; protocol lines are parsed."""
         if role == "output":
             record = run.outcome.ranks[r]
             record.output_total += len(chunk)
             room = run.limits.output_keep_kb * 1024 - len(record.output)
             if room > 0:
                 record.output += chunk[:room]
+            if record.output_total > run.limits.output_max_mb << 20:
+                self._abort(run, "output_limit", r)
             return
         buf = run.buffers.setdefault(fd, bytearray())
         buf += chunk
+        if role == "result":
+            run.outcome.ranks[r].protocol_bytes += len(chunk)
+            if run.outcome.ranks[r].protocol_bytes > MAX_PROTOCOL:
+                self._abort(run, "protocol", r)
+                return
         while (nl := buf.find(b"\n")) >= 0:
             line = bytes(buf[:nl])
             del buf[: nl + 1]
             try:
                 message = json.loads(line)
             except ValueError:
+                if role == "result":
+                    self._abort(run, "protocol", r)
                 continue
             if isinstance(message, dict):
                 self._handle(run, role, r, message)
+        if len(buf) > MAX_LINE:
+            buf.clear()
+            self._abort(run, "protocol", r)
+
+    def _abort(self, run: _Run, reason: str, rank: int) -> None:
+        run.set_stop(reason, rank)
+        self._stop(run)
 
     def _finish(self, run: _Run, sel) -> None:
         if run.stopping_since is None:

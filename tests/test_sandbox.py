@@ -238,3 +238,29 @@ def test_hostile_class_through_batch(tmp_path):
     time.sleep(4)  # the daemon meant to wake 3 s after its run and overwrite every results file it finds
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()} == snapshot
     assert leftover_processes() == []
+
+
+@pytest.mark.timeout(90)
+def test_unprivileged_user_grades_with_the_layers_it_has():
+    """As a student on a laptop (not root): no uid change, but user, pid and network namespaces where the
+    kernel allows them; a daemon still dies with its run, and the report lists what applied."""
+    assert os.geteuid() == 0, "the test makes an unprivileged user with unshare and setpriv"
+    cmd = ["unshare", "-m", "--propagation", "private", str(ROOT / "tests" / "tools" / "as_nobody.sh"),
+           PY, "-m", "grader", "check", str(SANDBOX / "daemon_overwrite.py"), "--lang", "en"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    out = finish(proc)
+    assert proc.returncode == 0, out
+    layers = out.split("Sandbox: ")[-1]
+    assert "unprivileged uid" not in layers
+    assert "user namespace" in layers and "pid namespace" in layers, layers
+    time.sleep(4)  # the daemon's moment: it never comes, its pid namespace is gone
+    survivors = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == 65534 and b"grader" in Path(entry.path, "cmdline").read_bytes():
+                    survivors.append(entry.name)
+            except OSError:
+                pass
+    assert survivors == []
