@@ -236,13 +236,32 @@ def expose_interpreter() -> None:
             os.close(fd)
 
 
+def _code_paths() -> list[str]:
+    """Folders the interpreter may still import from: its prefixes, sys.path and this package's checkout."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, here, *sys.path}
+    return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
+
+
 def private_tmp(workdir: str) -> None:
-    """The run's working folder becomes /tmp, /var/tmp and /dev/shm: the only places ranks can write."""
+    """The run's working folder becomes /tmp, /var/tmp and /dev/shm: the only places ranks can write.
+
+    Code that lives below one of them (a checkout in /tmp, its .venv) is bound back read-only at its
+    own path, so lazy imports in the ranks still find it."""
     fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY)  # the path itself may be under /tmp
     try:
         for target in WORLD_WRITABLE:
-            if os.path.isdir(target) and not os.path.islink(target):
-                mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+            if not os.path.isdir(target) or os.path.islink(target):
+                continue
+            inside = [p for p in _code_paths() if p.startswith(target.rstrip("/") + "/")]
+            inside = [p for p in inside if not any(p != q and p.startswith(q + "/") for q in inside)]
+            keep = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in inside]
+            mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+            for path, path_fd in keep:
+                os.makedirs(path, exist_ok=True)
+                mount(f"/proc/self/fd/{path_fd}", path, None, MS_BIND | MS_REC)
+                mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+                os.close(path_fd)
     finally:
         os.close(fd)
 

@@ -264,3 +264,17 @@ def test_unprivileged_user_grades_with_the_layers_it_has():
             except OSError:
                 pass
     assert survivors == []
+
+
+@pytest.mark.timeout(60)
+def test_a_checkout_under_tmp_is_still_importable(tmp_path):
+    """/tmp becomes the run's own folder in the ranks: a checkout that lives below /tmp (CI's, say) is
+    bound back read-only, so lazy imports from it still work."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+    assert str(checkout).startswith(tempfile.gettempdir())
+    proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_import.py"), "--lang", "en"],
+                          cwd=checkout, capture_output=True, text=True, timeout=50,
+                          env={**os.environ, "PYTHONPATH": str(checkout)})
+    assert proc.returncode == 0, proc.stdout
+    assert "Score: 40 / 40" in proc.stdout
