@@ -272,6 +272,7 @@ def test_a_checkout_under_tmp_is_still_importable(tmp_path):
     bound back read-only, so lazy imports from it still work."""
     checkout = tmp_path / "checkout"
     shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "grader" / "_checkout_probe.py").write_text("VALUE = 1\n")
     assert str(checkout).startswith(tempfile.gettempdir())
     proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_import.py"), "--lang", "en"],
                           cwd=checkout, capture_output=True, text=True, timeout=50,
