@@ -131,6 +131,15 @@ CATALOG: dict[str, tuple[str, str]] = {
     "summary.hidden_pending": ("另有 {count} 项隐藏测试，成绩公布后可见。", "{count} hidden checks are shown once grades are published."),
     "summary.grader_failed": ("自动评分器出错，本次成绩记为 0 分，请联系助教。", "The autograder failed; this grade is 0 until a TA looks at it."),
     "summary.layers": ("沙箱：{layers}", "Sandbox: {layers}"),
+    "layer.rlimits": ("资源限制（rlimits）", "rlimits"),
+    "layer.process_group": ("独立进程组", "process group"),
+    "layer.uid": ("非特权用户（unprivileged uid）", "unprivileged uid"),
+    "layer.pid_ns": ("PID 命名空间（pid namespace）", "pid namespace"),
+    "layer.net_ns": ("网络命名空间，仅回环（network namespace）", "network namespace (loopback only)"),
+    "layer.private_tmp": ("私有 /tmp（private /tmp）", "private /tmp"),
+    "layer.fresh_proc": ("独立的 /proc", "fresh /proc"),
+    "layer.user_ns": ("用户命名空间（user namespace）", "user namespace"),
+    "layer.memory_cgroup": ("内存 cgroup（所有进程共 {mb} MiB）", "memory cgroup ({mb} MiB for all ranks)"),
     "summary.output": ("进程 {rank} 的输出（前 {kept} 字节，共 {total} 字节）：", "Output of rank {rank} (first {kept} of {total} bytes):"),
     "teach.header": ("通信开销（{ws} 个进程，{backend}）：", "Communication cost ({ws} ranks, {backend}):"),
     "teach.collective": ("  进程 {rank} {op}：{ms:.2f} ms；数据 {size} 字节，环形算法每个进程发送约 {volume} 字节（{formula}），约 {bandwidth}",
@@ -146,6 +155,12 @@ CATALOG: dict[str, tuple[str, str]] = {
                    "Graded {graded}, reused {reused} up-to-date results, swept {swept} temporary files, in {seconds:.1f} s. Gradebook: {csv}"),
     "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; {gpus} are visible."),
 }
+
+
+def layer(layer_id: str, lang: str) -> str:
+    """A sandbox layer id ("pid_ns", "memory_cgroup:2048") in words."""
+    name, _, value = layer_id.partition(":")
+    return render(f"layer.{name}", {"mb": value}, lang)
 
 
 def default_lang() -> str:

@@ -1,7 +1,7 @@
 """The readable report printed by `check` and `grade`."""
 from __future__ import annotations
 
-from .messages import render
+from .messages import layer, render
 from .model import GradingResult
 from .render import check_lines, note, title
 
@@ -26,5 +26,6 @@ def text_report(result: GradingResult, lang: str = "zh") -> str:
         lines += ["  | " + line for line in text[:OUTPUT_SHOWN].splitlines()]
     if result.layers:
         lines.append("")
-        lines.append(render("summary.layers", {"layers": ", ".join(result.layers)}, lang))
+        layers = ", ".join(layer(layer_id, lang) for layer_id in result.layers)
+        lines.append(render("summary.layers", {"layers": layers}, lang))
     return "\n".join(lines) + "\n"

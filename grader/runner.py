@@ -206,7 +206,7 @@ class Runner:
                         user_namespace=lay["user_namespace"])
         names = layers.names()
         if self.cgroup is not None:
-            names.append(f"memory cgroup ({self.cgroup.limit_mb} MiB for all ranks)")
+            names.append(f"memory_cgroup:{self.cgroup.limit_mb}")
         return names
 
     def close(self) -> None:

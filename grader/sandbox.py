@@ -72,16 +72,29 @@ class MemoryCgroup:
 
     @classmethod
     def create(cls, name: str, limit_mb: int) -> MemoryCgroup | None:
+        """`name` starts with "grader-<pid>-": cgroups of graders that died are removed on the way."""
         try:
             with open("/proc/self/cgroup") as f:
                 rel = next(line.split(":", 2)[2].strip() for line in f if line.split(":")[1] == "memory")
-            path = os.path.join(cls.ROOT, rel.lstrip("/"), name)
+            parent = os.path.join(cls.ROOT, rel.lstrip("/"))
+            cls._sweep(parent)
+            path = os.path.join(parent, name)
             os.mkdir(path)
             with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
                 f.write(str(limit_mb << 20))
             return cls(path, limit_mb)
         except (OSError, StopIteration, IndexError):
             return None
+
+    @staticmethod
+    def _sweep(parent: str) -> None:
+        for entry in os.scandir(parent):
+            pid = entry.name.split("-")[1] if entry.name.startswith("grader-") else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                try:
+                    os.rmdir(entry.path)
+                except OSError:
+                    pass
 
     @property
     def procs(self) -> str:
@@ -152,13 +165,14 @@ class Layers:
     user_namespace: bool   # namespaces obtained through an unprivileged user namespace
 
     def names(self) -> list[str]:
-        out = ["rlimits", "process group"]
+        """Layer ids, rendered through the message catalog (`layer.<id>`)."""
+        out = ["rlimits", "process_group"]
         if self.root:
-            out.append("unprivileged uid")
+            out.append("uid")
         if self.namespaces:
-            out += ["pid namespace", "network namespace (loopback only)", "private /tmp", "fresh /proc"]
+            out += ["pid_ns", "net_ns", "private_tmp", "fresh_proc"]
             if self.user_namespace:
-                out.append("user namespace")
+                out.append("user_ns")
         return out
 
 
