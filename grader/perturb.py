@@ -1,11 +1,12 @@
-"""The secret perturbation a rank adds to what it sends through a collective.
+"""The secret perturbation added to what a rank sends through a collective in a perturbed run.
 
-Rank r adds delta(seed_r, op, k) to its contribution to its k-th call of `op`; only rank r knows seed_r.
-Values that really came through the collective move by a shift the supervisor can compute from all the
-seeds; numbers computed locally cannot move. Deltas are positive multiples of a power of two, so they add
-exactly and never cancel across ranks.
+Rank r adds pattern(seed_r, op, k) to its contribution to its k-th call of `op`. The seeds stay in the
+supervisor: when a rank enters the call, the runner answers with that call's deltas (runner.py), so no
+secret is in the rank before the collective runs. Values that really came through the collective move
+by a shift the supervisor computes from all the seeds (verify.py); numbers computed locally cannot move.
+Deltas are positive multiples of a power of two, so they add exactly and never cancel across ranks.
 
-Shared by the rank (to apply) and the supervisor (to expect): pure Python, no torch.
+Pure Python, no torch: the supervisor never imports torch.
 """
 from __future__ import annotations
 

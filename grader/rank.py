@@ -5,7 +5,8 @@ The zygote imports this module (and torch) once; each rank is a fork of it. A ra
   2. joins the grader's process group (a fresh FileStore: no port, no clash between gradings);
   3. loads the submission's definitions only (static.definitions_only), never its launch calls;
   4. calls run_worker(rank, world_size) while hooks on the collectives log each call, its timing and
-     tensors, and (in a perturbed run) add this rank's secret deltas to what it sends;
+     tensors, and (in a perturbed run) add to what it sends the deltas the supervisor answers for that
+     call (the seeds never enter the rank), then log what the call produced;
   5. sends the returned values, or run_worker's final locals, as JSON lists of numbers, then waits.
 
 Nothing here judges: the supervisor does, in another process, from this plain data. Every torch
@@ -51,6 +52,7 @@ def _restore_builtins() -> None:
     if builtins.__dict__ != _BUILTINS:
         builtins.__dict__.clear()
         builtins.__dict__.update(_BUILTINS)
+
 
 MAX_VALUES = 1 << 14      # values sent per tensor
 SNAP_LIMIT = 16           # tensors per locals snapshot

@@ -2,8 +2,10 @@
 
 Per world size the grader makes a clean run and a perturbed run (see perturb.py). A check passes when,
 on every rank, the clean value is right (shape, floating dtype, values) *and* the perturbed value moved
-by exactly the shift the secret deltas imply: numbers computed locally cannot move, so they score 0
-even when the submission also calls the collectives on throwaway tensors.
+by exactly the shift the secret deltas imply *and* it is what that collective call produced (its output,
+or for the gradient that output / world_size). Numbers computed locally cannot move; local numbers plus a
+probe collective on zeros move but are not the call's output: both score 0, even when the submission also
+calls the collectives on throwaway tensors.
 
 Honest code that asserts its own expected values raises in the perturbed run; that is expected there,
 and its values are read from run_worker's locals at the exception (or at its last collective, when

@@ -279,3 +279,13 @@ def test_a_checkout_under_tmp_is_still_importable(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(checkout)})
     assert proc.returncode == 0, proc.stdout
     assert "Score: 40 / 40" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_ranks_see_no_secret_of_the_grader():
+    """A TA's token in the grader's environment reaches neither the ranks' environment nor, through
+    /proc, any process they can see."""
+    proc = run_cli("check", str(SANDBOX / "env_probe.py"), "--lang", "en", env={"TA_SECRET_TOKEN": "s3cret-value"})
+    assert proc.returncode == 0, proc.stdout
+    assert "  | found: {}" in proc.stdout
+    assert "s3cret-value" not in proc.stdout
