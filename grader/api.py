@@ -71,7 +71,8 @@ def _grade(submission, specs, runner: Runner, backend: str) -> GradingResult:
             continue
         result.checks.append(verify.evaluate(spec, ws_runs))
     score.hardcoded_world_size(result.checks)
-    result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)]
+    result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)
+                   if run is not None]
     if rubric.VISIBLE_WORLD_SIZE in runs:
         clean = runs[rubric.VISIBLE_WORLD_SIZE].clean
         result.teaching = teaching_notes(clean)
@@ -103,23 +104,34 @@ def _request(submission, ws: int, backend: str, perturb: tuple[str, ...], label:
 
 
 def _run_all(submission, world_sizes, runner: Runner, backend: str, result) -> dict[int, verify.WorldSizeRuns]:
-    """Round 1: a clean and a perturbed run per world size, all at once. Round 2 (rare): one run per
-    collective whose perturbed value round 1 could not observe (an assert fired before it was computed)."""
+    """Round 1, all at once: a perturbed run per world size, and the clean run of the visible one (its
+    output and timings are shown to the student). A world size whose perturbed run proves every value
+    needs nothing more (verify.proven_by_perturbed): an honest submission costs 4 runs.
+    Round 2: the clean runs of the other world sizes, which diagnose what is wrong.
+    Round 3 (rare): one run per collective whose perturbed value rounds 1-2 could not observe (an assert
+    fired before it was computed)."""
     gpus = runner.gpus if backend != "gloo" else 0
     plan = {ws: _backend_for(ws, backend, gpus) for ws in world_sizes}
-    first = []
-    for ws, chosen in plan.items():
-        if chosen is None:
-            continue
-        first.append(_request(submission, ws, chosen, (), "clean"))
-        first.append(_request(submission, ws, chosen, ("all_reduce", "all_gather"), "perturbed"))
-    outcomes = runner.run_many(first)
-    runs = {}
-    for i in range(0, len(outcomes), 2):
-        clean, perturbed = outcomes[i], outcomes[i + 1]
-        runs[clean.request.world_size] = verify.WorldSizeRuns(clean.request.world_size, clean, [perturbed])
-    second = [_request(submission, ws, plan[ws], (family,), f"perturbed-{family}")
-              for ws, ws_runs in runs.items() for family in verify.missing_observations(ws_runs)]
+    plan = {ws: chosen for ws, chosen in plan.items() if chosen is not None}
+    both = ("all_reduce", "all_gather")
+    first = [_request(submission, ws, chosen, both, "perturbed") for ws, chosen in plan.items()]
+    first += [_request(submission, ws, chosen, (), "clean") for ws, chosen in plan.items()
+              if ws == rubric.VISIBLE_WORLD_SIZE]
+    runs: dict[int, verify.WorldSizeRuns] = {}
+    for outcome in runner.run_many(first):
+        ws = outcome.request.world_size
+        entry = runs.setdefault(ws, verify.WorldSizeRuns(ws, None))
+        if outcome.request.perturb:
+            entry.perturbed.append(outcome)
+        else:
+            entry.clean = outcome
+    second = [_request(submission, ws, plan[ws], (), "clean") for ws, entry in runs.items()
+              if entry.clean is None and not verify.proven_by_perturbed(entry.perturbed[0])]
     for outcome in runner.run_many(second) if second else []:
+        runs[outcome.request.world_size].clean = outcome
+    third = [_request(submission, ws, plan[ws], (family,), f"perturbed-{family}")
+             for ws, entry in runs.items() if entry.clean is not None
+             for family in verify.missing_observations(entry)]
+    for outcome in runner.run_many(third) if third else []:
         runs[outcome.request.world_size].perturbed.append(outcome)
     return runs
