@@ -18,17 +18,22 @@ from .runner import Runner, RunRequest
 from .teach import teaching_notes
 
 
-def grade_path(path: Path, *, runner: Runner, include_hidden: bool = True, backend: str = "auto") -> GradingResult:
-    return grade(loader.load(path), runner=runner, include_hidden=include_hidden, backend=backend)
+def grade_path(path: Path, *, runner: Runner, include_hidden: bool = True, backend: str = "auto",
+               show_output: bool = True) -> GradingResult:
+    return grade(loader.load(path), runner=runner, include_hidden=include_hidden, backend=backend,
+                 show_output=show_output)
 
 
 def grade(submission: loader.Submission, *, runner: Runner, include_hidden: bool = True,
-          backend: str = "auto") -> GradingResult:
-    """Grade one submission. Never raises: a failure of the grader itself becomes a zero with the traceback."""
+          backend: str = "auto", show_output: bool = True) -> GradingResult:
+    """Grade one submission. Never raises: a failure of the grader itself becomes a zero with the traceback.
+
+    show_output: also make the clean run of the visible world size, whose rank output the report shows
+    (a perturbed run prints perturbed numbers). Batch grading, which shows no output, leaves it out."""
     started = time.monotonic()
     specs = list(rubric.selected(include_hidden))
     try:
-        result = _grade(submission, specs, runner, backend)
+        result = _grade(submission, specs, runner, backend, show_output)
     except Exception:
         result = GradingResult(submission.filename, [CheckResult(s, Outcome.GRADER_ERROR) for s in specs],
                                grader_error=traceback.format_exc())
@@ -36,7 +41,7 @@ def grade(submission: loader.Submission, *, runner: Runner, include_hidden: bool
     return result
 
 
-def _grade(submission, specs, runner: Runner, backend: str) -> GradingResult:
+def _grade(submission, specs, runner: Runner, backend: str, show_output: bool) -> GradingResult:
     result = GradingResult(submission.filename, [])
     static_specs = [s for s in specs if s.kind == "static"]
     runtime_specs = [s for s in specs if s.kind == "runtime"]
@@ -62,7 +67,7 @@ def _grade(submission, specs, runner: Runner, backend: str) -> GradingResult:
     if report.todo_left and not report.reached:
         result.summary.append(Note("static.todo"))
     result.layers = runner.layer_names()
-    runs = _run_all(submission, rubric.world_sizes(runtime_specs), runner, backend, result)
+    runs = _run_all(submission, rubric.world_sizes(runtime_specs), runner, backend, show_output)
     for spec in runtime_specs:
         ws_runs = runs.get(spec.world_size)
         if ws_runs is None:
@@ -74,9 +79,11 @@ def _grade(submission, specs, runner: Runner, backend: str) -> GradingResult:
     result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)
                    if run is not None]
     if rubric.VISIBLE_WORLD_SIZE in runs:
-        clean = runs[rubric.VISIBLE_WORLD_SIZE].clean
-        result.teaching = teaching_notes(clean)
-        result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in clean.ranks if rec.output_total]
+        visible = runs[rubric.VISIBLE_WORLD_SIZE]
+        result.teaching = teaching_notes(visible.clean or visible.perturbed[0])  # timings: either run will do
+        if visible.clean is not None:
+            result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in visible.clean.ranks
+                              if rec.output_total]
     return result
 
 
@@ -103,10 +110,10 @@ def _request(submission, ws: int, backend: str, perturb: tuple[str, ...], label:
                       perturb=perturb, seeds=seeds, label=label)
 
 
-def _run_all(submission, world_sizes, runner: Runner, backend: str, result) -> dict[int, verify.WorldSizeRuns]:
-    """Round 1, all at once: a perturbed run per world size, and the clean run of the visible one (its
-    output and timings are shown to the student). A world size whose perturbed run proves every value
-    needs nothing more (verify.proven_by_perturbed): an honest submission costs 4 runs.
+def _run_all(submission, world_sizes, runner: Runner, backend: str, show_output: bool) -> dict[int, verify.WorldSizeRuns]:
+    """Round 1, all at once: a perturbed run per world size, and (show_output) the clean run of the visible
+    one, whose output the report shows. A world size whose perturbed run proves every value needs nothing
+    more (verify.proven_by_perturbed): an honest submission costs 4 runs, or 3 in a batch.
     Round 2: the clean runs of the other world sizes, which diagnose what is wrong.
     Round 3 (rare): one run per collective whose perturbed value rounds 1-2 could not observe (an assert
     fired before it was computed)."""
@@ -116,7 +123,7 @@ def _run_all(submission, world_sizes, runner: Runner, backend: str, result) -> d
     both = ("all_reduce", "all_gather")
     first = [_request(submission, ws, chosen, both, "perturbed") for ws, chosen in plan.items()]
     first += [_request(submission, ws, chosen, (), "clean") for ws, chosen in plan.items()
-              if ws == rubric.VISIBLE_WORLD_SIZE]
+              if show_output and ws == rubric.VISIBLE_WORLD_SIZE]
     runs: dict[int, verify.WorldSizeRuns] = {}
     for outcome in runner.run_many(first):
         ws = outcome.request.world_size

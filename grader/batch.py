@@ -145,7 +145,8 @@ def worker_main(argv: list[str]) -> int:
             task = json.loads(line)
             if fault and task["name"] == fault:
                 os._exit(3)
-            result = api.grade_path(Path(task["path"]), runner=runner, include_hidden=True, backend=backend)
+            result = api.grade_path(Path(task["path"]), runner=runner, include_hidden=True, backend=backend,
+                                    show_output=False)
             data = to_gradescope(result, lang)
             data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
             proto.write(json.dumps({"name": task["name"], "results": data}, ensure_ascii=False) + "\n")
