@@ -150,7 +150,8 @@ def wrong_gradient(desc: dict, ws: int, record: RankRecord) -> list[Note]:
     expected = expected_gradient(ws)
     notes = []
     if dtype not in FLOAT_DTYPES:
-        notes.append(Note("cause.integer_dtype", {"dtype": dtype}))  # the values say nothing more
+        if _is_integer(dtype):
+            notes.append(Note("cause.integer_dtype", {"dtype": dtype}))  # the values say nothing more
     elif values and all(close(float(v), expected * ws, dtype) for v in values):
         notes.append(Note("cause.summed_not_averaged", {"ws": ws}))
     elif values and all(close(float(v), record.rank + 1, dtype) for v in values):
@@ -163,6 +164,10 @@ def wrong_gradient(desc: dict, ws: int, record: RankRecord) -> list[Note]:
     return notes
 
 
+def _is_integer(dtype: str | None) -> bool:
+    return bool(dtype) and dtype.startswith(("torch.int", "torch.uint"))
+
+
 def _looks_hardcoded(values: list, ws: int, dtype: str) -> bool:
     total = sum(range(1, ws + 1))
     return any(all(close(float(v), total / k, dtype) for v in values) for k in range(1, 9) if k != ws)
@@ -171,8 +176,8 @@ def _looks_hardcoded(values: list, ws: int, dtype: str) -> bool:
 def wrong_feature(desc: dict, ws: int, record: RankRecord) -> list[Note]:
     notes = []
     shape = desc.get("shape") or []
-    if desc.get("dtype") not in FLOAT_DTYPES:
-        notes.append(Note("cause.integer_dtype", {"dtype": desc.get("dtype")}))
+    if _is_integer(desc.get("dtype")):
+        notes.append(Note("cause.feature_integer_dtype", {"dtype": desc.get("dtype")}))
     if shape == [ws, FEATURE_NUMEL]:
         notes.append(Note("cause.stack_not_cat", {"shape": shape}))
     notes += gather_list_causes(record, ws)
@@ -202,7 +207,7 @@ def call_causes(record: RankRecord, family: str, ws: int) -> list[Note]:
     notes = []
     for call in _calls(record, "all_reduce"):
         dtype = ((call.get("args") or {}).get("tensor") or {}).get("dtype")
-        if dtype is not None and dtype not in FLOAT_DTYPES:
+        if _is_integer(dtype):
             notes.append(Note("cause.integer_dtype", {"dtype": dtype}))
             break
     if _calls(record, "reduce") and not _calls(record, "all_reduce"):

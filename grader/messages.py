@@ -99,6 +99,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                                     "Cause: dist.reduce leaves the sum on the destination rank only; use dist.all_reduce so every rank gets it."),
     "cause.integer_dtype": ("原因：梯度是整数张量（torch.full((n,), rank + 1) 的 dtype 是 int64），原地除法会失败或截断。请用 float(rank + 1) 或 dtype=torch.float32。",
                             "Cause: the gradient is an integer tensor (torch.full((n,), rank + 1) is int64), so in-place division fails or truncates. Use float(rank + 1) or dtype=torch.float32."),
+    "cause.feature_integer_dtype": ("原因：特征是整数张量（torch.full((128,), rank) 的 dtype 是 int64）。请用 float(rank) 或 dtype=torch.float32。",
+                                    "Cause: the feature is an integer tensor (torch.full((128,), rank) is int64). Use float(rank) or dtype=torch.float32."),
     "cause.stack_not_cat": ("原因：用了 torch.stack，得到二维张量；应使用 torch.cat(gathered_list, dim=0) 拼成一维向量。",
                             "Cause: torch.stack gives a 2-D tensor; use torch.cat(gathered_list, dim=0) to build one vector."),
     "cause.gather_list_size": ("原因：all_gather 的输出列表长度必须等于 world_size（每个进程一个缓冲区）。",

@@ -17,7 +17,7 @@ HINTS = {
 }
 # Causes a hidden check may show: they name a mistake and carry no values.
 SAFE_CAUSES = {"cause.summed_not_averaged", "cause.hardcoded_ws", "cause.reduce_not_all_reduce",
-               "cause.integer_dtype", "cause.stack_not_cat", "cause.gather_list_size", "cause.shared_buffers",
+               "cause.integer_dtype", "cause.feature_integer_dtype", "cause.stack_not_cat", "cause.gather_list_size", "cause.shared_buffers",
                "cause.async_no_wait", "cause.assigned_none", "cause.unchanged", "cause.mismatch_generic"}
 # Causes whose visible text carries values: hidden checks show this value-free variant instead.
 HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic"}

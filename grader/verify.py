@@ -1,6 +1,7 @@
 """Policy: decide each runtime check from the runs of one world size.
 
-Per world size the grader makes a clean run and a perturbed run (see perturb.py). A check passes when,
+Per world size the grader makes a perturbed run (see perturb.py) and, unless that run alone proves every
+value (proven_by_perturbed), a clean run. A check passes when,
 on every rank, the clean value is right (shape, floating dtype, values) *and* the perturbed value moved
 by exactly the shift the secret deltas imply *and* it is what that collective call produced (its output,
 or for the gradient that output / world_size). Numbers computed locally cannot move; local numbers plus a
@@ -75,7 +76,8 @@ def judge(desc: dict | None, quantity: str, ws: int) -> tuple[Outcome, str | Non
         return Outcome.WRONG, "detail.dtype"
     if desc.get("shape") != diagnose.EXPECTED_SHAPES[quantity](ws):
         return Outcome.WRONG, "detail.shape"
-    if not all_close(desc.get("values") or [], expected(quantity, ws), desc["dtype"]):
+    values = desc.get("values") or []
+    if not all(isinstance(v, (int, float)) for v in values) or not all_close(values, expected(quantity, ws), desc["dtype"]):
         return Outcome.WRONG, "detail.values"
     return Outcome.PASS, None
 

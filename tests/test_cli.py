@@ -74,3 +74,14 @@ def test_language_defaults_to_chinese_and_follows_lang(tmp_path):
     assert "得分：40 / 40" in zh.stdout
     en = run_cli("check", str(SOLUTION), env={"LANG": "en_US.UTF-8", "LC_ALL": ""})
     assert "Score: 40 / 40" in en.stdout
+
+
+@pytest.mark.timeout(60)
+def test_odd_tensors_are_wrong_answers_not_grader_failures(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(FIXTURES / "bad" / "odd_tensors.py"), "--results", str(results), "--lang", "en")
+    data = json.loads(results.read_text())
+    runtime = {k: v for k, v in outcomes(data).items() if not k.startswith("static")}
+    assert set(runtime.values()) == {"wrong"}, proc.stdout
+    assert "full_feature does not have a floating dtype" in proc.stdout
+    assert data["extra_data"]["grader_error"] is None
