@@ -256,7 +256,8 @@ class Runner:
                     active[id(run)] = (index, run)
                 self._pump(sel, [run for _, run in active.values()])
                 for key, (index, run) in list(active.items()):
-                    if run.leader_gone and self._drained(run):
+                    if run.leader_gone:
+                        self._drain(run)
                         self._finish(run, sel)
                         results[index] = run.outcome
                         free_slots.append(run.slot)
@@ -500,7 +501,7 @@ class Runner:
             except ProcessLookupError:
                 pass
 
-    def _drained(self, run: _Run) -> bool:
+    def _drain(self, run: _Run) -> None:
         """After the leader is gone: read what the pipes still hold (bounded), without waiting."""
         for fd, (role, r) in list(run.fd_role.items()):
             if role in ("result", "output", "status"):
@@ -516,7 +517,6 @@ class Runner:
                     if not chunk:
                         break
                     self._feed(run, fd, role, r, chunk)
-        return True
 
     def _feed(self, run: _Run, fd: int, role: str, r: int, chunk: bytes) -> None:
         """Take in what a rank wrote: output is kept up to a cap and counted; protocol lines are parsed."""
