@@ -120,6 +120,17 @@ def _failed_collective(record: RankRecord) -> dict | None:
     return None
 
 
+def last_collective(record: RankRecord, failure: Note) -> list[Note]:
+    """Where a rank was in its collectives when it failed (timeouts and deadlocks say it already)."""
+    if failure.key.startswith(("fail.timeout", "fail.deadlock", "fail.stopped", "fail.grader")):
+        return []
+    enters = [c for c in record.calls if c.get("t") == "enter"]
+    if not enters:
+        return [Note("detail.no_collective", {"rank": record.rank})]
+    last = enters[-1]
+    return [Note("detail.last_collective", {"rank": record.rank, "op": last.get("op"), "n": int(last.get("n", 0)) + 1})]
+
+
 def _where(record: RankRecord, key: str) -> Note:
     if record.inside is not None:
         return Note(key + "_inside", {"rank": record.rank, "op": record.inside.get("op"),

@@ -86,6 +86,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "detail.dtype": ("进程 {rank}：{quantity} 的 dtype 不是浮点类型。", "Rank {rank}: {quantity} does not have a floating dtype."),
     "detail.shape": ("进程 {rank}：{quantity} 的形状不对。", "Rank {rank}: {quantity} has the wrong shape."),
     "detail.values": ("进程 {rank}：{quantity} 的数值不对。", "Rank {rank}: {quantity} has wrong values."),
+    "detail.last_collective": ("  进程 {rank} 最后进入的集合通信：第 {n} 次 {op}。", "  Rank {rank} had last entered {op} (call #{n})."),
+    "detail.no_collective": ("  进程 {rank} 此前没有进入任何集合通信。", "  Rank {rank} had not entered any collective."),
     "detail.rank_value": ("  进程 {rank} 的 {quantity}：期望形状 {expected_shape}、数值 {expected}；实际形状 {shape}、dtype {dtype}、数值 {values}",
                           "  rank {rank} {quantity}: expected shape {expected_shape}, values {expected}; got shape {shape}, dtype {dtype}, values {values}"),
     # --- causes (no values: hidden checks show these)

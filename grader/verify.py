@@ -247,6 +247,7 @@ def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
             if failure is not None:
                 outcome, note = failure
                 notes.append(note)
+                details.extend(diagnose.last_collective(rec, note))
             else:
                 notes.append(Note("fail.missing", {"rank": rec.rank, "quantity": quantity,
                                                    "returned": (rec.result or {}).get("returned_type", "?")}))
@@ -254,6 +255,7 @@ def evaluate(spec: CheckSpec, runs: WorldSizeRuns) -> CheckResult:
             if failure is not None:  # a wrong value left behind by an exception: the exception is the news
                 outcome, note = failure
                 notes.append(note)
+                details.extend(diagnose.last_collective(rec, note))
             if not from_snapshot:    # a snapshot is a value in the making: its numbers explain nothing
                 if detail in ("detail.values", "detail.shape", "detail.dtype"):
                     cause = (diagnose.wrong_gradient if quantity == "gradient" else diagnose.wrong_feature)(desc, ws, rec)
