@@ -46,11 +46,6 @@ def preview(values: list | None, runs: int = 4) -> str:
     return f"[{shown}]"
 
 
-def calls_summary(record: RankRecord) -> str:
-    names = [c["op"] for c in record.calls if c.get("t") == "enter"]
-    return ", ".join(names) if names else "-"
-
-
 def _calls(record: RankRecord, op: str) -> list[dict]:
     return [c for c in record.calls if c.get("t") == "enter" and c.get("op") == op]
 
@@ -228,11 +223,6 @@ def call_causes(record: RankRecord, family: str, ws: int) -> list[Note]:
 
 def _failed_inside(record: RankRecord, op: str) -> bool:
     return any(c.get("t") == "exit" and c.get("op") == op and not c.get("ok") for c in record.calls)
-
-
-def shape_note(desc: dict, expected_shape: list[int]) -> Note:
-    return Note("detail.value", {"expected_shape": expected_shape, "shape": desc.get("shape"),
-                                 "dtype": desc.get("dtype"), "values": preview(desc.get("values"))})
 
 
 def _signature(call: dict) -> str:

@@ -103,10 +103,6 @@ def kernel_program(cells: list[str] | None = None) -> tuple[str, str]:
     return "\n".join(kept.values()), key
 
 
-def kernel_source(cells: list[str] | None = None) -> str:
-    return kernel_program(cells)[0]
-
-
 # -- grading, once per source -------------------------------------------------------------------
 
 @contextlib.contextmanager
