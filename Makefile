@@ -29,7 +29,7 @@ bench: $(STAMP)
 
 release: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment dist_primitives --force
-	$(BIN)/python -m grader.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
+	$(BIN)/python -m grader.integrations.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
 
 clean:
 	rm -rf build

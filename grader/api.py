@@ -11,11 +11,13 @@ import traceback
 from pathlib import Path
 
 from . import checks as rubric
-from . import load as loader
-from . import score, static, verify
+from .submission import load as loader
+from .verify import score
+from .submission import static
+from .verify import runtime as verify
 from .model import CheckResult, GradingResult, Note, Outcome
-from .runner import Runner, RunRequest
-from .teach import teaching_notes
+from .processes.runner import Runner, RunRequest
+from .feedback.teach import teaching_notes
 
 
 def grade_path(path: Path, *, runner: Runner, include_hidden: bool = True, backend: str = "auto",

@@ -12,11 +12,12 @@ import traceback
 from pathlib import Path
 
 from . import api
-from .messages import default_lang
-from .report import text_report
-from .results import failed_results, write_atomic, write_results
-from .runner import Runner
-from .sandbox import Limits
+from .integrations import batch, gradescope
+from .feedback.messages import default_lang
+from .feedback.report import text_report
+from .feedback.results import failed_results, write_atomic, write_results
+from .processes.runner import Runner
+from .processes.sandbox import Limits
 
 EXIT_USAGE = 2
 
@@ -93,17 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", help="where to write results.json (Gradescope schema)")
     _common(p)
     p.set_defaults(func=cmd_grade)
-    for register in EXTRA_COMMANDS:
+    for register in (batch.register, gradescope.register):
         register(sub, _common)
     return parser
-
-
-EXTRA_COMMANDS: list = []  # other modules add verbs here (batch, gradescope-zip)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     return args.func(args)
-
-from . import batch, gradescope  # noqa: E402,F401  (each registers its verb in EXTRA_COMMANDS)

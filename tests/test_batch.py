@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, PY, ROOT, run_cli
-from grader import batch
+from grader.integrations import batch
 from grader import checks as rubric
 
 BATCH = FIXTURES / "batch"

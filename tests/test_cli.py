@@ -91,7 +91,7 @@ def test_odd_tensors_are_wrong_answers_not_grader_failures(tmp_path):
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_a_failing_rank_is_placed_in_its_collectives(lang):
     """Each failure verdict names the rank and the last collective it entered (or that it entered none)."""
-    from grader.messages import render
+    from grader.feedback.messages import render
     raised = run_cli("check", str(FIXTURES / "mistakes" / "m14_exception_rank1.py"), "--lang", lang)
     assert render("detail.last_collective", {"rank": 1, "op": "all_reduce", "n": 1}, lang) in raised.stdout
     exited = run_cli("check", str(FIXTURES / "sandbox" / "os_exit.py"), "--lang", lang)

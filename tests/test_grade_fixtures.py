@@ -11,7 +11,7 @@ import re
 import pytest
 
 from conftest import FIXTURES, ROOT, outcomes, run_cli
-from grader.messages import render
+from grader.feedback.messages import render
 
 HONEST = sorted((FIXTURES / "honest").glob("*.py"))
 RUNTIME_IDS = [f"ws{ws}.{op}" for ws in (2, 3, 4) for op in ("all_reduce", "all_gather")]

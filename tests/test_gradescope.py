@@ -21,7 +21,7 @@ def build_root(tmp_path: Path) -> Path:
     root = tmp_path / "autograder"
     with zipfile.ZipFile(tmp_path / "autograder.zip") as zf:
         names = set(zf.namelist())
-        assert {"setup.sh", "run_autograder", "pyproject.toml", "grader/cli.py", "grader/zygote.py"} <= names
+        assert {"setup.sh", "run_autograder", "pyproject.toml", "grader/cli.py", "grader/processes/zygote.py"} <= names
         for info in zf.infolist():
             if info.filename in ("setup.sh", "run_autograder"):
                 assert (info.external_attr >> 16) & stat.S_IXUSR

@@ -24,7 +24,7 @@ from nbgrader.api import Gradebook
 
 from grader.checks import CHECKS
 from grader.model import CheckResult, Outcome
-from grader.render import title
+from grader.feedback.render import title
 
 from conftest import FIXTURES, PY, ROOT
 

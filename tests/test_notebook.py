@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from grader import load, nbcheck, notebook
+from grader.integrations import nbcheck
+from grader.submission import load, notebook
 from grader.checks import CHECKS
-from grader.messages import render
+from grader.feedback.messages import render
 from grader.model import CheckResult, GradingResult, Note, Outcome
-from grader.render import title
+from grader.feedback.render import title
 
 from conftest import FIXTURES, ROOT, run_cli
 
@@ -79,15 +80,15 @@ def test_kernel_program_follows_the_kernel_not_the_page():
     answer = (CLASS / "alice.py").read_text()
     broken = "def run_worker(rank, world_size)\n    pass\n"           # never ran: a SyntaxError
     history = [IMPORTS, "%matplotlib inline\n!ls", "def run_worker(rank, world_size):\n    return None\n",
-               answer, broken, "from grader import nbcheck\nnbcheck.report()"]
+               answer, broken, "from grader.integrations import nbcheck\nnbcheck.report()"]
     source, key = nbcheck.kernel_program(history)
     assert "pass  # %matplotlib inline" not in source                # a cell with nothing to define
     assert "def run_worker(rank, world_size)\n    pass" not in source
     assert source.index("return None") < source.index("dist.all_reduce")  # kernel order: the answer last
     assert source.strip().endswith("nbcheck.report()")
     # more check cells, or running the answer cell again, is the same program: graded once
-    more = history + ['from grader import nbcheck\nnbcheck.check("ws2.all_reduce")', answer,
-                      'from grader import nbcheck\nnbcheck.check("ws2.all_gather")']
+    more = history + ['from grader.integrations import nbcheck\nnbcheck.check("ws2.all_reduce")', answer,
+                      'from grader.integrations import nbcheck\nnbcheck.check("ws2.all_gather")']
     assert nbcheck.kernel_program(more)[1] == key
     # a changed answer is a new program
     assert nbcheck.kernel_program(history + [answer.replace("1024", "512")])[1] != key
@@ -120,10 +121,10 @@ def test_check_grades_once_and_is_quiet_on_a_correct_answer(monkeypatch, capsys)
     history = [IMPORTS, (CLASS / "alice.py").read_text()]
     monkeypatch.setattr(nbcheck, "kernel_cells", lambda: history)
     monkeypatch.setattr(nbcheck, "_CACHE", {})
-    history.append("from grader import nbcheck\nnbcheck.report()")  # a kernel's history holds the running cell
+    history.append("from grader.integrations import nbcheck\nnbcheck.report()")  # a kernel's history holds the running cell
     nbcheck.report("en")
     for spec in CHECKS:
-        history.append(f'from grader import nbcheck\nnbcheck.check("{spec.id}")')
+        history.append(f'from grader.integrations import nbcheck\nnbcheck.check("{spec.id}")')
         nbcheck.check(spec.id, "en")
     out, err = capsys.readouterr()
     assert err == ""

@@ -8,8 +8,9 @@ from pathlib import Path
 
 from traitlets.config.loader import PyFileConfigLoader
 
-from grader import checks, release
-from grader.sandbox import Limits
+from grader import checks
+from grader.integrations import release
+from grader.processes.sandbox import Limits
 
 from conftest import ROOT
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from conftest import FIXTURES, PY, ROOT
-from grader.runner import Runner, RunRequest
-from grader.sandbox import Limits
+from grader.processes.runner import Runner, RunRequest
+from grader.processes.sandbox import Limits
 
 ECHO = """
 import torch, torch.distributed as dist

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, PY, ROOT, outcomes, run_cli
-from grader.sandbox import UID_BASE
+from grader.processes.sandbox import UID_BASE
 
 SANDBOX = FIXTURES / "sandbox"
 SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"

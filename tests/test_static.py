@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from grader import static
+from grader.submission import static
 
 
 def inspect(src: str) -> static.StaticReport:

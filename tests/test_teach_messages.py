@@ -5,10 +5,10 @@ import string
 
 import pytest
 
-from grader import messages, render
+from grader.feedback import messages, render
 from grader.model import Note
-from grader.runner import RankRecord, RunOutcome, RunRequest
-from grader.teach import ring_volume, teaching_notes
+from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+from grader.feedback.teach import ring_volume, teaching_notes
 
 
 @pytest.mark.parametrize("op, n, size, volume, formula", [

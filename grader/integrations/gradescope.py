@@ -16,9 +16,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .messages import default_lang, render
+from ..feedback.messages import default_lang, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TORCH_VERSION = "2.13.0"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 FIXED_TIME = (2020, 1, 1, 0, 0, 0)   # same inputs, same zip bytes
@@ -84,8 +84,8 @@ def files(lang: str, time_limit: float, memory_mb: int, backend: str = "auto") -
                                                  fallback=_fallback_json(lang)).encode(), 0o755),
         "pyproject.toml": ((ROOT / "pyproject.toml").read_bytes(), 0o644),
     }
-    for path in sorted((ROOT / "grader").glob("*.py")):
-        out[f"grader/{path.name}"] = (path.read_bytes(), 0o644)
+    for path in sorted((ROOT / "grader").rglob("*.py")):
+        out[path.relative_to(ROOT).as_posix()] = (path.read_bytes(), 0o644)
     return out
 
 
@@ -116,8 +116,3 @@ def register(subparsers, add_common_options) -> None:
     add_common_options(p)
     p.set_defaults(func=run)
 
-
-from . import cli  # noqa: E402  (cli imports this module at its end; the verb registers itself)
-
-if register not in cli.EXTRA_COMMANDS:
-    cli.EXTRA_COMMANDS.append(register)

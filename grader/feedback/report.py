@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .messages import layer, render
-from .model import GradingResult
+from ..model import GradingResult
 from .render import check_lines, note, title
 
 OUTPUT_SHOWN = 2000  # characters of each rank's output in the report

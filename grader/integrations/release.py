@@ -1,6 +1,6 @@
 """Student versions from instructor versions: solution regions replaced by the stub line.
 
-    python -m grader.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
+    python -m grader.integrations.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
 
 Same markers and the same stub text as nbgrader's ClearSolutions (see nbgrader_config.py), so the .py
 and the notebook release agree; tests/test_release.py proves the committed stubs are generated.

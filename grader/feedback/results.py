@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from .messages import render
-from .model import GradingResult
+from ..model import GradingResult
 from .render import check_lines, note, title
 
 

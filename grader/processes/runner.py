@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .perturb import PERTURBED_OPS, pattern
+from ..verify.perturb import PERTURBED_OPS, pattern
 from .sandbox import UID_BASE, Limits, MemoryCgroup, count_processes, default_total_mb
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
@@ -162,9 +162,9 @@ class Runner:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         log = open(self.base / "zygote.log", "ab")
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([self.python, "-m", "grader.zygote", str(child.fileno()), str(self.base)],
+        self.proc = subprocess.Popen([self.python, "-m", "grader.processes.zygote", str(child.fileno()), str(self.base)],
                                      pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=log, env=env, cwd=root, start_new_session=True)
         child.close()

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import diagnose, perturb
-from .checks import FEATURE_NUMEL, GRADIENT_NUMEL, CheckSpec, expected_feature, expected_gradient
+from . import diagnose
+
+from . import perturb
+from ..checks import FEATURE_NUMEL, GRADIENT_NUMEL, CheckSpec, expected_feature, expected_gradient
 from .diagnose import FLOAT_DTYPES, all_close
-from .model import CheckResult, Note, Outcome
-from .runner import RankRecord, RunOutcome
+from ..model import CheckResult, Note, Outcome
+from ..processes.runner import RankRecord, RunOutcome
 
 QUANTITIES = ("gradient", "full_feature")
 FAMILY_OF = {"gradient": "all_reduce", "full_feature": "all_gather"}

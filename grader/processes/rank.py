@@ -32,7 +32,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import perturb, static
+from ..verify import perturb
+
+from ..submission import static
 
 _TB = torch._C.TensorBase
 _dtype_of = _TB.dtype.__get__

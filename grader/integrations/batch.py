@@ -31,13 +31,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checks as rubric
-from . import load as loader
-from .messages import default_lang, render
-from .results import failed_results, write_atomic
-from .sandbox import default_total_mb
+from .. import checks as rubric
+from ..submission import load as loader
+from ..feedback.messages import default_lang, render
+from ..feedback.results import failed_results, write_atomic
+from ..processes.sandbox import default_total_mb
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUBRIC_KEY = ",".join(f"{c.id}:{c.points:g}" for c in rubric.CHECKS)
 MAX_ATTEMPTS = 2                 # a student whose worker dies is graded once more, in a fresh worker
 FAULT_ENV = "GRADER_BATCH_FAULT"  # test hook: a worker exits at once when given this student
@@ -122,14 +122,14 @@ def lock(out: Path):
 
 # -- the worker: one Runner, one student at a time -----------------------------------------------------
 def worker_main(argv: list[str]) -> int:
-    """`python -c 'from grader.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB`.
+    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB`.
 
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
-    from . import api
-    from .results import to_gradescope
-    from .runner import Runner
-    from .sandbox import Limits, set_parent_death_signal
+    from .. import api
+    from ..feedback.results import to_gradescope
+    from ..processes.runner import Runner
+    from ..processes.sandbox import Limits, set_parent_death_signal
 
     parent = os.getppid()
     set_parent_death_signal(signal.SIGKILL)       # the batch was SIGKILLed: this worker goes too (and so
@@ -158,7 +158,7 @@ class Worker:
     """A worker process seen from the parent: its pipes, its current student, its deadline."""
 
     def __init__(self, args, log_dir: Path, index: int):
-        cmd = [sys.executable, "-c", "import sys; from grader.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
+        cmd = [sys.executable, "-c", "import sys; from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
                args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
                str(args.memory_total_mb or default_total_mb(args.jobs))]
         env = dict(os.environ)
@@ -454,8 +454,3 @@ def _normalized(args):
     args.jobs = max(1, args.jobs)
     return args
 
-
-from . import cli  # noqa: E402  (cli imports this module at its end; the verb registers itself)
-
-if register not in cli.EXTRA_COMMANDS:
-    cli.EXTRA_COMMANDS.append(register)

@@ -10,10 +10,10 @@ import ast
 import functools
 import signal
 
-from . import static
-from .checks import FEATURE_NUMEL, GRADIENT_NUMEL, expected_gradient
-from .model import Note, Outcome
-from .runner import RankRecord, RunOutcome
+from ..submission import static
+from ..checks import FEATURE_NUMEL, GRADIENT_NUMEL, expected_gradient
+from ..model import Note, Outcome
+from ..processes.runner import RankRecord, RunOutcome
 
 FLOAT_DTYPES = {"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"}
 

@@ -1,6 +1,6 @@
 """The zygote: one warm process that has imported torch, and forks each run's process tree from it.
 
-    python -m grader.zygote FD      (started by runner.Runner; FD is a SOCK_SEQPACKET to the supervisor)
+    python -m grader.processes.zygote FD      (started by runner.Runner; FD is a SOCK_SEQPACKET to the supervisor)
 
 Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
 milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang), and never
@@ -23,7 +23,9 @@ import time
 import torch  # noqa: F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
 
-from . import rank, sandbox
+from . import rank
+
+from . import sandbox
 
 # What a rank keeps of the grader's environment: nothing that could carry a TA's secrets.
 KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "OMP_NUM_THREADS",

@@ -1,6 +1,6 @@
 """The in-notebook check: grade the `run_worker` this kernel defined, with real rank processes.
 
-    from grader import nbcheck
+    from grader.integrations import nbcheck
     nbcheck.report()                   # the report `python -m grader check` prints (2 ranks)
     nbcheck.check("ws2.all_reduce")    # one rubric check: prints its verdict, raises CheckFailed if it failed
 
@@ -29,12 +29,18 @@ import sys
 import traceback
 import warnings
 
-from . import api, load, notebook, static
-from .checks import CHECKS
-from .messages import LANGS, default_lang, render
-from .model import CheckResult, GradingResult, Outcome
-from .render import check_lines, note, status, title
-from .report import text_report
+from .. import api
+
+from ..submission import load
+
+from ..submission import notebook
+
+from ..submission import static
+from ..checks import CHECKS
+from ..feedback.messages import LANGS, default_lang, render
+from ..model import CheckResult, GradingResult, Outcome
+from ..feedback.render import check_lines, note, status, title
+from ..feedback.report import text_report
 
 FILENAME = "notebook.ipynb"   # what messages and tracebacks call the kernel's code
 CACHE_SIZE = 8
@@ -90,7 +96,7 @@ def _canonical(code: str) -> str | None:
 def kernel_program(cells: list[str] | None = None) -> tuple[str, str]:
     """(source, key). The source: the cells as one module, magics and shell lines neutralised, cells that do
     not parse left out, and a cell whose definitions a later cell repeats exactly (a re-run, or the next
-    check cell's `from grader import nbcheck`) kept only at its last run. The key: a hash of what the ranks
+    check cell's `from grader.integrations import nbcheck`) kept only at its last run. The key: a hash of what the ranks
     execute, so running more check cells does not grade again."""
     kept: dict[str, str] = {}
     for cell in kernel_cells() if cells is None else cells:
@@ -126,7 +132,7 @@ def grade_source(source: str, *, key: str | None = None, filename: str = FILENAM
     with _quiet():
         try:
             if runner_factory is None:
-                from .runner import Runner
+                from ..processes.runner import Runner
                 runner_factory = Runner
             with runner_factory() as runner:
                 result = api.grade(load.from_source(source, filename), runner=runner, include_hidden=True)

@@ -1,8 +1,8 @@
 """The chapter's numbers, measured: each collective's time per rank and the volume a ring moves for it."""
 from __future__ import annotations
 
-from .model import Note
-from .runner import RunOutcome
+from ..model import Note
+from ..processes.runner import RunOutcome
 
 ELEMENT_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2,
                  "torch.int64": 8, "torch.int32": 4, "torch.int16": 2, "torch.int8": 1, "torch.uint8": 1}

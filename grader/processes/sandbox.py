@@ -252,7 +252,7 @@ def expose_interpreter() -> None:
 
 def _code_paths() -> list[str]:
     """Folders the interpreter may still import from: its prefixes, sys.path and this package's checkout."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, here, *sys.path}
     return sorted(os.path.realpath(p) for p in paths if p and os.path.isdir(p))
 

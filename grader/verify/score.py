@@ -1,9 +1,9 @@
 """Scores: static checks from the source, and whole-submission verdicts for input that cannot run."""
 from __future__ import annotations
 
-from .checks import CheckSpec
-from .model import CheckResult, Note, Outcome
-from .static import StaticReport
+from ..checks import CheckSpec
+from ..model import CheckResult, Note, Outcome
+from ..submission.static import StaticReport
 
 
 def static_results(specs: list[CheckSpec], report: StaticReport) -> list[CheckResult]:

@@ -1,9 +1,9 @@
 """Turn results into words, in one language: shared by the text report, results.json and nbgrader."""
 from __future__ import annotations
 
-from .checks import CHECKS
+from ..checks import CHECKS
 from .messages import render
-from .model import CheckResult, Note, Outcome
+from ..model import CheckResult, Note, Outcome
 
 HINTS = {
     Outcome.WRONG: "hint.wrong", Outcome.MISSING: "hint.missing", Outcome.BAD_TYPE: "hint.bad_type",
