@@ -1,90 +1,107 @@
 """The grading pipeline as keyword-only functions: load -> inspect -> run -> verify -> score.
 
-The CLI, the batch grader and the notebook check all call `grade`; nothing else grades.
+The CLI, the batch grader and the notebook check all call `grade`; nothing else grades. The exercise is
+a parameter (exercise/spec.py): the pipeline knows none.
 """
 from __future__ import annotations
 
-import ast
-import secrets
 import time
 import traceback
 from pathlib import Path
 
-from . import checks as rubric
-from .submission import load as loader
-from .verify import score
-from .submission import static
-from .verify import runtime as verify
-from .model import CheckResult, GradingResult, Note, Outcome
+from .exercise import registry
+from .exercise.spec import Exercise
+from .model import CheckResult, GradingResult, Note, Outcome, Words
 from .processes.runner import Runner, RunRequest
+from .submission import load as loader
+from .submission import static
+from .verify import score
+from .verify.judge import Judge, WorldSizeRuns
 from .feedback.teach import teaching_notes
 
 
-def grade_path(path: Path, *, runner: Runner, include_hidden: bool = True, backend: str = "auto",
-               show_output: bool = True) -> GradingResult:
-    return grade(loader.load(path), runner=runner, include_hidden=include_hidden, backend=backend,
-                 show_output=show_output)
+def choose_exercise(submission: loader.Submission, name: str | None, extra: list[str] | None = None) -> Exercise:
+    """The exercise named, or the one the submission is for (registry.infer). Raises ExerciseError."""
+    if name:
+        return registry.get(name, extra)
+    return registry.infer(submission.path, submission.source, extra)
 
 
-def grade(submission: loader.Submission, *, runner: Runner, include_hidden: bool = True,
-          backend: str = "auto", show_output: bool = True) -> GradingResult:
+def grade_path(path: Path, *, runner: Runner, exercise: str | Exercise | None = None, include_hidden: bool = True,
+               backend: str = "auto", show_output: bool = True, exercises_dir: list[str] | None = None) -> GradingResult:
+    return grade(loader.load(path), runner=runner, exercise=exercise, include_hidden=include_hidden,
+                 backend=backend, show_output=show_output, exercises_dir=exercises_dir)
+
+
+def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exercise | None = None,
+          include_hidden: bool = True, backend: str = "auto", show_output: bool = True,
+          exercises_dir: list[str] | None = None) -> GradingResult:
     """Grade one submission. Never raises: a failure of the grader itself becomes a zero with the traceback.
 
     show_output: also make the clean run of the visible world size, whose rank output the report shows
     (a perturbed run prints perturbed numbers). Batch grading, which shows no output, leaves it out."""
     started = time.monotonic()
-    specs = list(rubric.selected(include_hidden))
     try:
-        result = _grade(submission, specs, runner, backend, show_output)
+        chosen = exercise if isinstance(exercise, Exercise) else choose_exercise(submission, exercise, exercises_dir)
+    except registry.ExerciseError as err:
+        result = GradingResult(submission.filename, [], summary=[Note(err.key, err.params)])
+        result.execution_time = time.monotonic() - started
+        return result
+    checks = list(chosen.selected(include_hidden))
+    try:
+        result = _grade(submission, chosen, checks, runner, backend, show_output)
     except Exception:
-        result = GradingResult(submission.filename, [CheckResult(s, Outcome.GRADER_ERROR) for s in specs],
-                               grader_error=traceback.format_exc())
+        result = GradingResult(submission.filename, [CheckResult(c, Outcome.GRADER_ERROR) for c in checks],
+                               exercise=chosen.name, grader_error=traceback.format_exc())
     result.execution_time = time.monotonic() - started
     return result
 
 
-def _grade(submission, specs, runner: Runner, backend: str, show_output: bool) -> GradingResult:
-    result = GradingResult(submission.filename, [])
-    static_specs = [s for s in specs if s.kind == "static"]
-    runtime_specs = [s for s in specs if s.kind == "runtime"]
+def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str, show_output: bool) -> GradingResult:
+    result = GradingResult(submission.filename, [], exercise=exercise.name)
+    result.summary += [Note(n.key, n.params) for n in getattr(submission, "notes", ())]
+    static_checks = [c for c in checks if c.kind == "static"]
+    runtime_checks = [c for c in checks if c.kind != "static"]
     if submission.problem is not None:
         note = Note(submission.problem.key, submission.problem.params)
-        result.checks = score.blanket(specs, Outcome.NOT_SUBMITTED, note)
+        result.checks = score.blanket(checks, Outcome.NOT_SUBMITTED, note)
         result.summary.append(note)
         return result
-    try:
-        tree = ast.parse(submission.source, submission.filename)
-    except (SyntaxError, ValueError) as err:
-        note = Note("static.syntax_error", {"line": getattr(err, "lineno", "?") or "?", "message": getattr(err, "msg", str(err))})
-        result.checks = score.blanket(specs, Outcome.SYNTAX_ERROR, note)
+    tree, problem = static.parse_source(submission.source, submission.filename)
+    if problem is not None:
+        note = Note(problem.key, problem.params)
+        result.checks = score.blanket(checks, Outcome.SYNTAX_ERROR, note)
         result.summary.append(note)
         return result
-    report = static.inspect_source(tree)
+    report = static.inspect_source(tree, exercise.entry)
     if not report.has_entry:
-        note = Note("static.no_entry")
-        result.checks = score.blanket(specs, Outcome.NO_ENTRY, note)
+        note = Note("static.no_entry", {"entry": exercise.entry})
+        result.checks = score.blanket(checks, Outcome.NO_ENTRY, note)
         result.summary.append(note)
         return result
-    result.checks = score.static_results(static_specs, report)
+    result.checks = score.static_results(exercise, static_checks, report)
     if report.todo_left and not report.reached:
-        result.summary.append(Note("static.todo"))
+        result.summary.append(Note("static.todo", {"entry": exercise.entry, "todo": Words(*exercise.todo)}))
     result.layers = runner.layer_names()
-    runs = _run_all(submission, rubric.world_sizes(runtime_specs), runner, backend, show_output)
-    for spec in runtime_specs:
-        ws_runs = runs.get(spec.world_size)
+    judge = Judge(exercise, submission.source)
+    runs = _run_all(submission, exercise, judge, exercise.world_sizes(runtime_checks), runner, backend, show_output,
+                    tuple(report.torch_modules))
+    for check in runtime_checks:
+        ws_runs = runs.get(check.world_size)
         if ws_runs is None:
-            result.checks.append(CheckResult(spec, Outcome.GRADER_ERROR,
-                                             notes=[Note("backend.nccl_unavailable", {"ws": spec.world_size, "gpus": runner.gpus})]))
+            result.checks.append(CheckResult(check, Outcome.GRADER_ERROR, notes=[
+                Note("backend.nccl_unavailable", {"ws": check.world_size, "gpus": runner.gpus})]))
             continue
-        result.checks.append(verify.evaluate(spec, ws_runs))
-    score.hardcoded_world_size(result.checks)
+        result.checks.append(judge.evaluate(check, ws_runs))
     result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)
                    if run is not None]
-    if rubric.VISIBLE_WORLD_SIZE in runs:
-        visible = runs[rubric.VISIBLE_WORLD_SIZE]
-        result.teaching = teaching_notes(visible.clean or visible.perturbed[0])  # timings: either run will do
-        if visible.clean is not None:
-            result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in visible.clean.ranks
+    visible = exercise.visible_world_sizes
+    if visible and visible[0] in runs:
+        ws_runs = runs[visible[0]]
+        shown = ws_runs.clean or ws_runs.perturbed[0]  # timings and volumes: either run will do
+        result.teaching = teaching_notes(shown)
+        if ws_runs.clean is not None:
+            result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in ws_runs.clean.ranks
                               if rec.output_total]
     return result
 
@@ -94,8 +111,8 @@ def _run_summary(run) -> dict:
     return {"world_size": run.request.world_size, "label": run.request.label, "stop": run.stop,
             "stop_rank": run.stop_rank, "error": run.error, "elapsed": round(run.elapsed, 3),
             "ranks": [{"how": (rec.result or {}).get("how"), "exit": rec.exit, "setup_error": rec.setup_error,
-                       "inside": (rec.inside or {}).get("op"), "output_bytes": rec.output_total}
-                      for rec in run.ranks]}
+                       "inside": rec.inside.op if rec.inside is not None else None, "calls": len(rec.calls),
+                       "output_bytes": rec.output_total} for rec in run.ranks]}
 
 
 def _backend_for(ws: int, backend: str, gpus: int) -> str | None:
@@ -106,41 +123,49 @@ def _backend_for(ws: int, backend: str, gpus: int) -> str | None:
     return "nccl" if gpus >= ws else "gloo"
 
 
-def _request(submission, ws: int, backend: str, perturb: tuple[str, ...], label: str) -> RunRequest:
-    seeds = [secrets.randbits(62) for _ in range(ws)] if perturb else []
-    return RunRequest(world_size=ws, source=submission.source, filename=submission.filename, backend=backend,
-                      perturb=perturb, seeds=seeds, label=label)
+def _perturbed_ops(exercise: Exercise) -> tuple[str, ...]:
+    ops = []
+    for quantity in exercise.quantities:
+        for op in quantity.through:
+            ops += ["send", "recv"] if op in ("send", "recv") else [op]
+    return tuple(dict.fromkeys(ops))
 
 
-def _run_all(submission, world_sizes, runner: Runner, backend: str, show_output: bool) -> dict[int, verify.WorldSizeRuns]:
+def _run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: Runner, backend: str,
+             show_output: bool, preload: tuple) -> dict[int, WorldSizeRuns]:
     """Round 1, all at once: a perturbed run per world size, and (show_output) the clean run of the visible
     one, whose output the report shows. A world size whose perturbed run proves every value needs nothing
-    more (verify.proven_by_perturbed): an honest submission costs 4 runs, or 3 in a batch.
+    more (Judge.proven): an honest submission costs one run per world size, plus the visible clean run.
     Round 2: the clean runs of the other world sizes, which diagnose what is wrong.
-    Round 3 (rare): one run per collective whose perturbed value rounds 1-2 could not observe (an assert
-    fired before it was computed)."""
+    Round 3 (rare): a run perturbing only the operations of a quantity that rounds 1-2 could not observe
+    (an honest assert fired before it was computed)."""
     gpus = runner.gpus if backend != "gloo" else 0
     plan = {ws: _backend_for(ws, backend, gpus) for ws in world_sizes}
     plan = {ws: chosen for ws, chosen in plan.items() if chosen is not None}
-    both = ("all_reduce", "all_gather")
-    first = [_request(submission, ws, chosen, both, "perturbed") for ws, chosen in plan.items()]
-    first += [_request(submission, ws, chosen, (), "clean") for ws, chosen in plan.items()
-              if show_output and ws == rubric.VISIBLE_WORLD_SIZE]
-    runs: dict[int, verify.WorldSizeRuns] = {}
+    names = tuple(q.name for q in exercise.quantities)
+
+    def request(ws: int, perturb: tuple, label: str) -> RunRequest:
+        return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
+                          entry=exercise.entry, quantities=names, backend=plan[ws], perturb=perturb,
+                          label=label, preload=preload)
+
+    every = _perturbed_ops(exercise)
+    visible = exercise.visible_world_sizes
+    first = [request(ws, every, "perturbed") for ws in plan]
+    first += [request(ws, (), "clean") for ws in plan if show_output and ws in visible[:1]]
+    runs: dict[int, WorldSizeRuns] = {}
     for outcome in runner.run_many(first):
-        ws = outcome.request.world_size
-        entry = runs.setdefault(ws, verify.WorldSizeRuns(ws, None))
+        entry = runs.setdefault(outcome.request.world_size, WorldSizeRuns(outcome.request.world_size))
         if outcome.request.perturb:
             entry.perturbed.append(outcome)
         else:
             entry.clean = outcome
-    second = [_request(submission, ws, plan[ws], (), "clean") for ws, entry in runs.items()
-              if entry.clean is None and not verify.proven_by_perturbed(entry.perturbed[0])]
+    second = [request(ws, (), "clean") for ws, entry in runs.items()
+              if entry.clean is None and not judge.proven(entry.perturbed[0])]
     for outcome in runner.run_many(second) if second else []:
         runs[outcome.request.world_size].clean = outcome
-    third = [_request(submission, ws, plan[ws], (family,), f"perturbed-{family}")
-             for ws, entry in runs.items() if entry.clean is not None
-             for family in verify.missing_observations(entry)]
+    third = [request(ws, ops, "perturbed-" + "+".join(ops))
+             for ws, entry in runs.items() for ops in judge.unobserved(entry)]
     for outcome in runner.run_many(third) if third else []:
         runs[outcome.request.world_size].perturbed.append(outcome)
     return runs

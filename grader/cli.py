@@ -1,7 +1,8 @@
 """Command line: a few lines per verb over the keyword-only functions of api.py.
 
+    python -m grader list                            # the exercises, their points and visible world sizes
     python -m grader check my_solution.py            # visible checks; exit 0 iff all pass
-    python -m grader grade SUBMISSION --results results.json [--lang zh|en] [--backend gloo|nccl]
+    python -m grader grade SUBMISSION --results results.json [--exercise NAME] [--lang zh|en]
 """
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import traceback
 from pathlib import Path
 
 from . import api
+from .exercise import registry
 from .integrations import batch, gradescope
-from .feedback.messages import default_lang
+from .feedback.messages import default_lang, render
 from .feedback.report import text_report
 from .feedback.results import failed_results, write_atomic, write_results
 from .processes.runner import Runner
@@ -35,6 +37,19 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-total-mb", type=int, default=0,
                    help="memory of all ranks together, a cgroup where the machine allows (default: 3/4 of RAM)")
     p.add_argument("--no-sandbox", action="store_true", help="run ranks without namespaces or a uid change (debugging)")
+    _exercise_options(p)
+
+
+def _exercise_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exercise", default=None, help="the exercise (default: inferred from the file, its folder or its code)")
+    p.add_argument("--exercises-dir", action="append", default=[], metavar="DIR",
+                   help="also look for exercises in DIR (an exercise folder, or a folder of them)")
+
+
+def _grade(args, path: Path, include_hidden: bool):
+    with Runner(limits=_limits(args), sandbox=not args.no_sandbox) as runner:
+        return api.grade_path(path, runner=runner, exercise=args.exercise, include_hidden=include_hidden,
+                              backend=args.backend, exercises_dir=args.exercises_dir)
 
 
 def cmd_check(args) -> int:
@@ -43,8 +58,7 @@ def cmd_check(args) -> int:
     if not path.exists():
         print(f"no such file: {path}", file=sys.stderr)
         return EXIT_USAGE
-    with Runner(limits=_limits(args), sandbox=not args.no_sandbox) as runner:
-        result = api.grade_path(path, runner=runner, include_hidden=False, backend=args.backend)
+    result = _grade(args, path, include_hidden=False)
     sys.stdout.write(text_report(result, lang))
     if _unreadable(result):
         return EXIT_USAGE
@@ -61,8 +75,7 @@ def cmd_grade(args) -> int:
             write_atomic(results_path, json.dumps(failed_results(path.name, f"missing: {path}", lang), ensure_ascii=False))
         return EXIT_USAGE
     try:
-        with Runner(limits=_limits(args), sandbox=not args.no_sandbox) as runner:
-            result = api.grade_path(path, runner=runner, include_hidden=True, backend=args.backend)
+        result = _grade(args, path, include_hidden=True)
     except Exception:
         error = traceback.format_exc()
         print(error, file=sys.stderr)
@@ -78,13 +91,33 @@ def cmd_grade(args) -> int:
 
 
 def _unreadable(result) -> bool:
-    """The path exists but cannot be read (permissions): a usage error, though results.json is written."""
-    return any(note.key == "load.unreadable" for note in result.summary)
+    """The path exists but cannot be read, or names no known exercise: a usage error, though results.json
+    is written."""
+    return any(note.key in ("load.unreadable", "exercise.unknown", "exercise.ambiguous", "exercise.none",
+                            "exercise.broken") for note in result.summary)
+
+
+def cmd_list(args) -> int:
+    lang = args.lang or default_lang()
+    try:
+        exercises = registry.available(args.exercises_dir)
+    except registry.ExerciseError as err:
+        print(render(err.key, err.params, lang), file=sys.stderr)
+        return EXIT_USAGE
+    print(render("list.header", {}, lang))
+    for name, ex in sorted(exercises.items()):
+        print(render("list.row", {"name": name, "title": ex.title[0] if lang == "zh" else ex.title[1],
+                                  "points": ex.total, "visible": ", ".join(map(str, ex.visible_world_sizes)) or "-"}, lang))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m grader", description="Autograder for the all_reduce / all_gather exercise")
+    parser = argparse.ArgumentParser(prog="python -m grader", description="Autograder for multi-process PyTorch exercises")
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="the exercises, with their points and visible world sizes")
+    p.add_argument("--lang", choices=("zh", "en"), default=None)
+    _exercise_options(p)
+    p.set_defaults(func=cmd_list)
     p = sub.add_parser("check", help="run the visible checks on your own solution")
     p.add_argument("submission")
     _common(p)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .checks import CheckSpec
+from .exercise.spec import Check
 
 
 class Outcome(str, enum.Enum):
@@ -16,7 +16,8 @@ class Outcome(str, enum.Enum):
     PASS = "pass"
     NOT_SUBMITTED = "not_submitted"      # load problem: empty, not UTF-8, bad notebook ...
     SYNTAX_ERROR = "syntax_error"
-    NO_ENTRY = "no_entry"                # no run_worker
+    NO_ENTRY = "no_entry"                # no entry function (run_worker)
+    NO_EXERCISE = "no_exercise"          # which exercise this is could not be told
     NOT_CALLED = "not_called"            # static: the collective is never reached
     TODO = "todo"                        # the stub's NotImplementedError
     LOAD_ERROR = "load_error"            # the definitions raised when loaded
@@ -33,8 +34,19 @@ class Outcome(str, enum.Enum):
     MISSING = "missing"                  # no value to check (nothing returned, no such local)
     BAD_TYPE = "bad_type"                # not a plain torch.Tensor
     WRONG = "wrong"                      # wrong shape, dtype or values
-    NOT_COLLECTIVE = "not_collective"    # right numbers, but they did not come through the collective
+    NOT_COLLECTIVE = "not_collective"    # right numbers, but not derived from what the communication delivered
+    FORBIDDEN = "forbidden"              # static: an operation the exercise does not allow
     GRADER_ERROR = "grader_error"
+
+
+@dataclass(frozen=True)
+class Words:
+    """A message parameter that has its own words in each language (an exercise's labels and hints)."""
+    zh: str
+    en: str
+
+    def __str__(self) -> str:
+        return self.en
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class Note:
 
 @dataclass
 class CheckResult:
-    spec: CheckSpec
+    spec: Check
     outcome: Outcome
     score: float = 0.0
     notes: list[Note] = field(default_factory=list)       # shown for every check (hidden ones: hints only)
@@ -61,6 +73,7 @@ class CheckResult:
 class GradingResult:
     submission: str
     checks: list[CheckResult]
+    exercise: str = ""
     execution_time: float = 0.0
     summary: list[Note] = field(default_factory=list)     # shown above the checks
     teaching: list[Note] = field(default_factory=list)    # timings and ring volumes (visible run)

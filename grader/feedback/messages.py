@@ -1,25 +1,29 @@
-"""The message catalog: every student-facing sentence, in Chinese and English, keyed by outcome.
+"""The message catalog: every sentence the engine says, in Chinese and English, keyed by outcome.
 
 Logic never builds sentences; it emits model.Note(key, params) and the report renders them here.
-Messages under `cause.` and `hint.` carry no values at all: they are the only text hidden checks show.
+Chinese text is Chinese throughout (full-width punctuation; code identifiers stay as code). Structured
+parameters are worded here too: an exception's frames, a listing of operations per rank, Words.
+An exercise adds its own keys (spec.Exercise.messages) under its name: `<exercise>.<key>`.
 """
 from __future__ import annotations
 
 import os
+import re
+
+from ..model import Words
 
 LANGS = ("zh", "en")
 
 CATALOG: dict[str, tuple[str, str]] = {
-    # --- check titles
-    "title.static.all_reduce": ("静态检查：run_worker 调用了 dist.all_reduce", "Static: run_worker calls dist.all_reduce"),
-    "title.static.all_gather": ("静态检查：run_worker 调用了 dist.all_gather", "Static: run_worker calls dist.all_gather"),
-    "title.runtime.all_reduce": ("{ws} 个进程：All-Reduce 求平均梯度", "{ws} ranks: gradient averaged with all_reduce"),
-    "title.runtime.all_gather": ("{ws} 个进程：All-Gather 拼接特征", "{ws} ranks: feature rebuilt with all_gather"),
-    "title.hidden.all_reduce": ("隐藏测试：其他进程数下的 All-Reduce", "Hidden: all_reduce at other world sizes"),
-    "title.hidden.all_gather": ("隐藏测试：其他进程数下的 All-Gather", "Hidden: all_gather at other world sizes"),
-    "title.hidden_n.all_reduce": ("隐藏测试 {n}：其他进程数下的 All-Reduce", "Hidden check {n}: all_reduce at another world size"),
-    "title.hidden_n.all_gather": ("隐藏测试 {n}：其他进程数下的 All-Gather", "Hidden check {n}: all_gather at another world size"),
+    # --- titles
+    "title.hidden": ("隐藏测试 {n}：{what}", "Hidden check {n}: {what}"),
     "title.grader_failed": ("自动评分器出错", "Autograder failed"),
+    # --- which exercise
+    "exercise.none": ("没有找到任何练习（solutions/*/exercise.py）。", "No exercise was found (solutions/*/exercise.py)."),
+    "exercise.unknown": ("没有名为 {name} 的练习。现有练习：{known}。", "There is no exercise called {name}. Exercises: {known}."),
+    "exercise.ambiguous": ("无法判断这份提交属于哪个练习，请用 --exercise 指定（现有练习：{known}）。",
+                           "Cannot tell which exercise this submission is for: choose one with --exercise (exercises: {known})."),
+    "exercise.broken": ("练习定义 {path} 无法加载：{error}", "The exercise definition {path} cannot be loaded: {error}"),
     # --- loading
     "load.no_file": ("文件夹 {folder} 里没有 .py 或 .ipynb 提交文件。", "Folder {folder} holds no .py or .ipynb submission."),
     "load.unreadable": ("无法读取 {file}：{error}", "Cannot read {file}: {error}"),
@@ -28,31 +32,32 @@ CATALOG: dict[str, tuple[str, str]] = {
                       "{file} is not UTF-8 text (at byte {offset}). Save it as UTF-8 and submit again."),
     "load.bad_notebook": ("Notebook 文件已损坏，无法读取：{error}", "The notebook is corrupt and cannot be read: {error}"),
     "load.no_code_cells": ("Notebook 里没有代码单元格。", "The notebook has no code cells."),
-    "load.empty": ("{file} 是空的：请补全 run_worker 后提交。", "{file} is empty: complete run_worker and submit it."),
-    "load.split_entry": ("run_worker 被拆到了多个单元格里，中间夹着其他顶层代码（第 {line} 行）。请把整个函数放在同一个单元格中。",
-                         "run_worker is split over several cells with other top-level code in between (line {line}). Keep the whole function in one cell."),
+    "load.empty": ("{file} 是空的：请补全代码后提交。", "{file} is empty: complete the code and submit it."),
+    "load.split_entry": ("入口函数被拆到了多个单元格里，中间夹着其他顶层代码（第 {line} 行）。请把整个函数放在同一个单元格中。",
+                         "The entry function is split over several cells with other top-level code in between (line {line}). Keep the whole function in one cell."),
     # --- static
     "static.syntax_error": ("语法错误，第 {line} 行：{message}", "Syntax error at line {line}: {message}"),
-    "static.no_entry": ("没有找到函数 run_worker(rank, world_size)。请不要修改函数名。",
-                        "No function run_worker(rank, world_size) was found. Keep the function's name."),
-    "static.called": ("run_worker 调用了 dist.{op}（第 {lines} 行）。", "run_worker calls dist.{op} (line {lines})."),
-    "static.not_called": ("run_worker 没有调用 dist.{op}：只出现在注释、字符串或不会执行的分支里的调用不算。",
-                          "run_worker never calls dist.{op}: calls that only appear in comments, strings or dead branches do not count."),
-    "static.todo": ("run_worker 仍然抛出 NotImplementedError：请先完成 TODO 1（all_reduce）和 TODO 2（all_gather）。",
-                    "run_worker still raises NotImplementedError: complete TODO 1 (all_reduce) and TODO 2 (all_gather) first."),
+    "static.no_entry": ("没有找到函数 {entry}(rank, world_size)。请不要修改函数名。",
+                        "No function {entry}(rank, world_size) was found. Keep the function's name."),
+    "static.called": ("{entry} 用到了 {op}（第 {lines} 行）。", "{entry} reaches {op} (line {lines})."),
+    "static.not_called": ("{entry} 没有用到 {op}：只出现在注释、字符串或不会执行的分支里的调用不算。",
+                          "{entry} never reaches {op}: calls that only appear in comments, strings or dead branches do not count."),
+    "static.todo": ("{entry} 仍然抛出 NotImplementedError：{todo}。", "{entry} still raises NotImplementedError: {todo}."),
+    "static.forbidden": ("本练习不允许使用 {op}（第 {lines} 行）。", "This exercise does not allow {op} (line {lines})."),
+    "static.not_used": ("没有使用 {ops}。", "None of {ops} is used."),
     # --- passes
-    "pass.static": ("通过。", "Passed."),
-    "pass.runtime": ("通过：每个进程上的结果都正确，并且确实来自 dist.{op}。",
-                     "Passed: every rank's result is right and really came through dist.{op}."),
+    "pass.value": ("通过：每个进程上的 {quantity} 都正确，并且确实来自 {ops} 传来的数据，每个进程都贡献了自己的数据。",
+                   "Passed: {quantity} is right on every rank, derived from what {ops} delivered, with every rank contributing its own data."),
+    "pass.uses": ("通过：使用了 {ops}，没有使用不允许的操作。", "Passed: {ops} used, and no operation the exercise does not allow."),
     # --- why a rank failed (visible checks)
-    "fail.load_error": ("进程 {rank} 加载你的代码时出错：{type}: {message}（{where}）",
-                        "Rank {rank} failed while loading your code: {type}: {message} ({where})"),
-    "fail.todo": ("进程 {rank}：run_worker 抛出了 NotImplementedError，TODO 还没有完成。",
-                  "Rank {rank}: run_worker raised NotImplementedError: the TODOs are not done yet."),
-    "fail.exception": ("进程 {rank} 在 run_worker 中抛出异常 {type}: {message}（{where}）",
-                       "Rank {rank} raised {type}: {message} in run_worker ({where})"),
-    "fail.sys_exit": ("进程 {rank} 在 run_worker 中调用了 sys.exit({code})，没有返回结果。",
-                      "Rank {rank} called sys.exit({code}) inside run_worker and returned nothing."),
+    "fail.load_error": ("进程 {rank} 加载你的代码时出错：{type}: {message}（{frames}）",
+                        "Rank {rank} failed while loading your code: {type}: {message} ({frames})"),
+    "fail.todo": ("进程 {rank}：代码抛出了 NotImplementedError，TODO 还没有完成。",
+                  "Rank {rank}: your code raised NotImplementedError: the TODOs are not done yet."),
+    "fail.exception": ("进程 {rank} 抛出异常 {type}: {message}（{frames}）",
+                       "Rank {rank} raised {type}: {message} ({frames})"),
+    "fail.sys_exit": ("进程 {rank} 调用了 sys.exit({code})，没有返回结果。",
+                      "Rank {rank} called sys.exit({code}) and returned nothing."),
     "fail.os_exit": ("进程 {rank} 在返回结果之前退出了（退出码 {code}，例如 os._exit）。",
                      "Rank {rank} exited (code {code}, e.g. os._exit) before returning its results."),
     "fail.signal": ("进程 {rank} 被信号 {signal}（{name}）终止。", "Rank {rank} was killed by signal {signal} ({name})."),
@@ -61,24 +66,26 @@ CATALOG: dict[str, tuple[str, str]] = {
     "fail.file_size": ("进程 {rank} 写入的文件超出了大小限制。", "Rank {rank} wrote a file over the size limit."),
     "fail.processes": ("进程 {rank} 创建了太多进程或线程（进程数限制）。", "Rank {rank} started too many processes or threads (process limit)."),
     "fail.output": ("进程 {rank} 的输出太多，超出了输出限制，运行被停止。", "Rank {rank} printed too much: the run was stopped at the output limit."),
-    "fail.timeout_inside": ("超时：进程 {rank} 卡在第 {n} 次 {op} 调用里，等待其他进程参与。",
-                            "Time limit: rank {rank} was stuck inside {op} (call #{n}), waiting for the other ranks."),
-    "fail.timeout_outside": ("超时：进程 {rank} 在集合通信之外一直没有结束（死循环或等待？）。",
-                             "Time limit: rank {rank} never finished, outside any collective (an endless loop or a wait?)."),
-    "fail.deadlock_inside": ("死锁：进程 {rank} 在第 {n} 次 {op} 调用里等待，但其他进程已经不会再调用它。",
-                             "Deadlock: rank {rank} waits inside {op} (call #{n}) that the other ranks will never call."),
+    "fail.timeout_inside": ("超时：进程 {rank} 卡在第 {n} 个通信操作 {op}（第 {line} 行）里，等待其他进程。",
+                            "Time limit: rank {rank} was stuck in its operation #{n}, {op} (line {line}), waiting for the other ranks."),
+    "fail.timeout_outside": ("超时：进程 {rank} 在通信操作之外一直没有结束（死循环或等待？）。",
+                             "Time limit: rank {rank} never finished, outside any communication (an endless loop or a wait?)."),
+    "fail.deadlock_inside": ("死锁：进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）里等待，但其他进程的操作永远不会与它配对。",
+                             "Deadlock: rank {rank} waits in its operation #{n}, {op} (line {line}), which no operation of the other ranks will ever match."),
     "fail.deadlock_outside": ("死锁：进程 {rank} 没有结束。", "Deadlock: rank {rank} did not finish."),
     "fail.stopped": ("进程 {rank} 被提前停止，因为进程 {other} 已经失败。", "Rank {rank} was stopped because rank {other} had failed."),
     "fail.grader": ("进程 {rank}：评分器没有收到结果（评分器问题，请联系助教）。", "Rank {rank}: the grader received no result (a grader problem: tell your TA)."),
     "fail.grader_run": ("评分器无法完成这次运行：{error}", "The grader could not complete this run: {error}"),
-    "fail.missing": ("进程 {rank}：找不到 {quantity}。run_worker 应当 return (gradient, full_feature)，或者使用名为 gradient 和 full_feature 的变量（实际返回了 {returned}）。",
-                     "Rank {rank}: no {quantity} was found. run_worker should return (gradient, full_feature), or keep them in variables named gradient and full_feature (it returned {returned})."),
-    "fail.not_collective": ("进程 {rank}：结果的数值是对的，但并不是通过 dist.{op} 得到的（评分器改变了通信的数据，你的结果没有随之变化）。请用集合通信的结果，不要在本地直接算出答案。",
-                            "Rank {rank}: the numbers are right but did not come through dist.{op} (the grader changed the data in flight and your result did not follow). Use what the collective returns instead of computing the answer locally."),
-    "fail.async_no_wait": ("进程 {rank}：dist.{op} 用 async_op=True 发起后没有调用 wait()，读到的结果不可靠（这次碰巧是对的也不算）。请调用 work.wait() 后再使用结果。",
-                           "Rank {rank}: dist.{op} was started with async_op=True and never wait()ed, so reading its result is a race (right by luck does not count). Call work.wait() before using the result."),
-    "fail.unobserved": ("进程 {rank}：无法确认结果来自 dist.{op}。请 return (gradient, full_feature)。",
-                        "Rank {rank}: the grader could not confirm the result came through dist.{op}. Return (gradient, full_feature)."),
+    "fail.missing": ("进程 {rank}：找不到 {quantity}。{entry} 应当返回 {names}，或者把它们保存在同名的变量里（实际返回了 {returned}）。",
+                     "Rank {rank}: no {quantity} was found. {entry} should return {names}, or keep them in variables of those names (it returned {returned})."),
+    "fail.not_collective": ("进程 {rank}：{quantity} 的数值是对的，但不是由 {ops} 传来的数据得到的（评分器秘密地改变了通信中的数据，你的结果没有随之变化）。请使用通信的结果，不要在本地直接算出答案。",
+                            "Rank {rank}: {quantity} has the right numbers, but they were not derived from what {ops} delivered (the grader secretly changed the data in flight and your result did not follow). Use what the communication returns instead of computing the answer locally."),
+    "fail.unobserved": ("进程 {rank}：无法确认 {quantity} 来自 {ops} 传来的数据。请返回它，或保存在同名变量中。",
+                        "Rank {rank}: the grader could not confirm that {quantity} came from what {ops} delivered. Return it, or keep it in a variable of that name."),
+    "fail.async_no_wait": ("进程 {rank}：{op} 用 async_op=True 发起后没有调用 wait()，读到的 {quantity} 不可靠（这次碰巧是对的也不算）。请先 work.wait() 再使用结果。",
+                           "Rank {rank}: {op} was started with async_op=True and never waited on, so reading {quantity} is a race (right by luck does not count). Call work.wait() before using the result."),
+    "fail.forbidden_op": ("进程 {rank} 调用了本练习不允许的 {op}（第 {line} 行）。", "Rank {rank} called {op} (line {line}), which this exercise does not allow."),
+    "fail.op_not_used": ("没有用到 {op}。", "{op} was never used."),
     # --- what is wrong with a value
     "detail.not_tensor": ("进程 {rank}：{quantity} 不是 torch.Tensor。", "Rank {rank}: {quantity} is not a torch.Tensor."),
     "detail.subclass": ("进程 {rank}：{quantity} 是 torch.Tensor 的子类，请返回普通的 torch.Tensor。",
@@ -86,51 +93,83 @@ CATALOG: dict[str, tuple[str, str]] = {
     "detail.dtype": ("进程 {rank}：{quantity} 的 dtype 不是浮点类型。", "Rank {rank}: {quantity} does not have a floating dtype."),
     "detail.shape": ("进程 {rank}：{quantity} 的形状不对。", "Rank {rank}: {quantity} has the wrong shape."),
     "detail.values": ("进程 {rank}：{quantity} 的数值不对。", "Rank {rank}: {quantity} has wrong values."),
-    "detail.last_collective": ("  进程 {rank} 最后进入的集合通信：第 {n} 次 {op}。", "  Rank {rank} had last entered {op} (call #{n})."),
-    "detail.no_collective": ("  进程 {rank} 此前没有进入任何集合通信。", "  Rank {rank} had not entered any collective."),
+    "detail.unreadable": ("进程 {rank}：{quantity} 的数值无法读取。", "Rank {rank}: the values of {quantity} cannot be read."),
+    "detail.last_collective": ("  进程 {rank} 最后进入的通信操作：第 {n} 个，{op}（第 {line} 行）。", "  Rank {rank} had last entered its operation #{n}, {op} (line {line})."),
+    "detail.no_collective": ("  进程 {rank} 此前没有进入任何通信操作。", "  Rank {rank} had not entered any communication."),
     "detail.rank_value": ("  进程 {rank} 的 {quantity}：期望形状 {expected_shape}、数值 {expected}；实际形状 {shape}、dtype {dtype}、数值 {values}",
                           "  rank {rank} {quantity}: expected shape {expected_shape}, values {expected}; got shape {shape}, dtype {dtype}, values {values}"),
-    # --- causes (no values: hidden checks show these)
-    "cause.summed_not_averaged": ("原因：梯度是平均值的 world_size 倍——all_reduce（SUM）之后还要除以 world_size。",
-                                  "Cause: the gradient is world_size times too large: after all_reduce (SUM), divide by world_size."),
-    "cause.unchanged": ("原因：结果和本进程的输入一样，说明 {op} 的结果没有被使用（例如 t = dist.{op}(t) 会得到 None，async_op=True 时没有 wait()）。",
-                        "Cause: the result equals this rank's own input, so the {op} result was not used (t = dist.{op}(t) gives None; async_op=True needs wait())."),
-    "cause.hardcoded_ws": ("原因：在某个进程数下正确、在其他进程数下错误——不要把 world_size 写死成常数，请使用参数 world_size。",
-                           "Cause: right at one world size and wrong at another: do not hard-code the world size, use the world_size argument."),
-    "cause.reduce_not_all_reduce": ("原因：调用的是 dist.reduce，只有目标进程拿到总和；应使用 dist.all_reduce，让每个进程都拿到结果。",
-                                    "Cause: dist.reduce leaves the sum on the destination rank only; use dist.all_reduce so every rank gets it."),
-    "cause.integer_dtype": ("原因：梯度是整数张量（torch.full((n,), rank + 1) 的 dtype 是 int64），原地除法会失败或截断。请用 float(rank + 1) 或 dtype=torch.float32。",
-                            "Cause: the gradient is an integer tensor (torch.full((n,), rank + 1) is int64), so in-place division fails or truncates. Use float(rank + 1) or dtype=torch.float32."),
-    "cause.feature_integer_dtype": ("原因：特征是整数张量（torch.full((128,), rank) 的 dtype 是 int64）。请用 float(rank) 或 dtype=torch.float32。",
-                                    "Cause: the feature is an integer tensor (torch.full((128,), rank) is int64). Use float(rank) or dtype=torch.float32."),
-    "cause.stack_not_cat": ("原因：用了 torch.stack，得到二维张量；应使用 torch.cat(gathered_list, dim=0) 拼成一维向量。",
-                            "Cause: torch.stack gives a 2-D tensor; use torch.cat(gathered_list, dim=0) to build one vector."),
-    "cause.gather_list_size": ("原因：all_gather 的输出列表长度必须等于 world_size（每个进程一个缓冲区）。",
-                               "Cause: the all_gather output list must hold exactly world_size buffers, one per rank."),
+    # --- causes (value-free ones may show in hidden checks: see render.hidden_safe)
+    "cause.summed_not_averaged": ("原因：{quantity} 是平均值的 world_size 倍——求和（SUM）之后还要除以 world_size。",
+                                  "Cause: {quantity} is world_size times the mean: after the sum (SUM), divide by world_size."),
+    "cause.averaged_twice": ("原因：ReduceOp.AVG 已经除以了 world_size，之后又除了一次，{quantity} 只有平均值的 1/world_size。",
+                             "Cause: ReduceOp.AVG already divides by world_size; dividing again leaves {quantity} at 1/world_size of the mean."),
+    "cause.divided_twice": ("原因：{quantity} 被除了两次 world_size（例如通信前后各除一次）。",
+                            "Cause: {quantity} was divided by world_size twice (before and after the communication, say)."),
+    "cause.floor_division": ("原因：用了整除 //，{quantity} 的小数部分被截掉了；请用 /。",
+                             "Cause: floor division // cut off the fraction of {quantity}; use /."),
+    "cause.reduce_op": ("原因：{op}（第 {line} 行）用的是 ReduceOp.{reduce}；这里需要 SUM（再除以 world_size）或 AVG。",
+                        "Cause: {op} (line {line}) used ReduceOp.{reduce}; this needs SUM (then divide by world_size) or AVG."),
+    "cause.unchanged": ("原因：{quantity} 和本进程自己的数据一样，说明 {op} 的结果没有被使用（例如 t = dist.{op}(t) 会得到 None；async_op=True 时要先 wait()）。",
+                        "Cause: {quantity} equals this rank's own data, so the result of {op} was not used (t = dist.{op}(t) gives None; async_op=True needs wait())."),
+    "cause.hardcoded_ws": ("原因：{quantity} 正好是进程数为 {k} 时的结果，而代码里写着常数 {k}——不要把 world_size 写死，请使用参数 world_size。",
+                           "Cause: {quantity} is what {k} ranks would give, and your code has the constant {k}: do not hard-code the world size, use the world_size argument."),
+    "cause.integer_dtype": ("原因：{quantity} 是整数张量（{dtype}，例如 torch.full((n,), rank + 1) 的 dtype 是 int64），原地除法会失败或截断。请用浮点数，例如 float(rank + 1) 或 dtype=torch.float32。",
+                            "Cause: {quantity} is an integer tensor ({dtype}; torch.full((n,), rank + 1) is int64), so in-place division fails or truncates. Use floats: float(rank + 1) or dtype=torch.float32."),
+    "cause.stack_not_cat": ("原因：用了 torch.stack，得到二维张量；应使用 torch.cat(..., dim=0) 拼成一维向量。",
+                            "Cause: torch.stack gives a 2-D tensor; use torch.cat(..., dim=0) to build one vector."),
+    "cause.gather_list_size": ("原因：{op} 的输出列表长度必须等于 world_size（每个进程一个缓冲区）。",
+                               "Cause: the output list of {op} must hold exactly world_size buffers, one per rank."),
     "cause.shared_buffers": ("原因：输出列表里的缓冲区共享同一块内存（例如 [buf] * world_size），每个位置最后都是最后一个进程的数据。请为每个进程创建独立的张量。",
                              "Cause: the output buffers share memory (e.g. [buf] * world_size), so every slot ends with the last rank's data. Make one tensor per rank."),
+    "cause.swapped": ("原因：{quantity} 里放的是 {other} 的数值——返回值的顺序弄反了？",
+                      "Cause: {quantity} holds the values of {other}: is the order of the returned values swapped?"),
+    "cause.read_before_wait": ("原因：{op} 用 async_op=True 发起后，在 wait() 之前就读取了结果（例如先 torch.cat 再 wait），读到的还是缓冲区原来的数据。",
+                               "Cause: the result of {op} (async_op=True) was read before wait() (torch.cat before wait, say), so it still held the buffers' old contents."),
+    "cause.contribution": ("原因：进程 {rank} 在 {op}（第 {line} 行）中发送的是 {sent}，但它自己的数据是 {own}。每个进程都必须贡献自己的数据。",
+                           "Cause: rank {rank} sent {sent} in {op} (line {line}), but its own data is {own}. Every rank must contribute its own data."),
+    "cause.contribution_hidden": ("原因：有进程在通信中发送的不是它自己的数据。", "Cause: a rank did not send its own data."),
     "cause.mismatch": ("原因：各进程调用的集合通信不一致（每个进程必须按相同顺序、用相同大小调用同样的集合通信；gloo 可能把不同的调用错配在一起，得到错误结果、卡住或崩溃）。各进程依次调用了：{calls}",
                        "Cause: the ranks did not call the same collectives (every rank must make the same calls, in the same order, with the same sizes; gloo may pair mismatched calls and return garbage, hang or abort). In order, {calls}"),
     "cause.mismatch_generic": ("原因：各进程调用的集合通信不一致（例如只有部分进程调用了某个集合通信）。每个进程必须按相同顺序调用同样的集合通信。",
                                "Cause: the ranks did not call the same collectives (e.g. a collective that only some ranks call). Every rank must make the same calls in the same order."),
     "cause.assigned_none": ("原因：dist.{op} 是原地操作，返回 None（只有 async_op=True 时返回一个 work 对象）；t = dist.{op}(...) 会把变量变成 None。直接调用 dist.{op}(...)，然后使用原来的张量。",
                             "Cause: dist.{op} works in place and returns None (a work handle only with async_op=True), so t = dist.{op}(...) leaves None in t. Call dist.{op}(...) on its own and keep using the tensors you passed."),
-    "cause.async_no_wait": ("原因：async_op=True 发起的通信没有调用 wait()，结果可能还没到。",
-                            "Cause: a collective started with async_op=True was never wait()ed, so its result may not have arrived."),
+    # --- why provenance failed (the tracer's findings)
+    "why.not_delivered": ("  进程 {rank} 的 {quantity} 第 {element} 个元素（{value:g}）不是任何通信传来的数据算出来的。",
+                          "  Element {element} of {quantity} on rank {rank} ({value:g}) was not derived from anything the communication delivered."),
+    "why.contribution": ("  进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）中发送的是 {sent}，而不是它自己的数据 {own}。",
+                         "  Rank {rank} sent {sent} in its operation #{n}, {op} (line {line}), instead of its own data {own}."),
+    "why.weights": ("  进程 {rank} 的 {quantity} 第 {element} 个元素里，进程 {source} 的数据占的比例是 {weight:g}，应为 {expected:g}（缺少的进程：{missing}；重复计入的进程：{twice}）。",
+                    "  In element {element} of {quantity} on rank {rank}, rank {source}'s data counts {weight:g} times where it should count {expected:g} (ranks missing: {missing}; counted twice: {twice})."),
+    "why.nonlinear": ("  {op} 用的是 ReduceOp.{reduce}，得到的不是各进程数据之和。", "  {op} used ReduceOp.{reduce}, which does not add the ranks' data."),
+    "why.unmatched": ("  进程 {rank} 收到的数据找不到对应的发送。", "  Data rank {rank} received matches no send."),
+    "why.incomplete": ("  不是所有进程都参加了 {op}。", "  Not every rank took part in {op}."),
+    "why.layout": ("  无法确定 {op} 的输入与输出如何对应。", "  How the inputs of {op} map to its outputs could not be told."),
+    "why.unobserved": ("  进程 {rank} 在 {op} 中发送的数据太大，评分器没有记录。", "  What rank {rank} sent in {op} was too large for the grader to record."),
+    "why.too_deep": ("  数据经过的转发层数太多。", "  The data went through too many hops."),
     # --- hints for hidden checks, by outcome (no values, no code)
     "hint.wrong": ("结果不正确。", "The result is wrong."),
-    "hint.missing": ("没有得到结果：请 return (gradient, full_feature)。", "No result: return (gradient, full_feature)."),
+    "hint.missing": ("没有得到结果：请返回要求的数值。", "No result: return the values the exercise asks for."),
     "hint.bad_type": ("结果不是普通的 torch.Tensor。", "The result is not a plain torch.Tensor."),
-    "hint.exception": ("run_worker 在这个测试中抛出了异常。", "run_worker raised an exception in this test."),
-    "hint.timeout": ("运行超时：可能有进程卡在集合通信里，或者死循环。", "Time limit: a rank hung inside a collective or looped forever."),
-    "hint.deadlock": ("死锁：各进程调用的集合通信不一致。", "Deadlock: the ranks did not call the same collectives."),
-    "hint.not_collective": ("结果不是通过集合通信得到的。", "The result did not come through the collective."),
+    "hint.exception": ("代码在这个测试中抛出了异常。", "Your code raised an exception in this test."),
+    "hint.timeout": ("运行超时：可能有进程卡在通信里，或者死循环。", "Time limit: a rank hung in a communication or looped forever."),
+    "hint.deadlock": ("死锁：各进程的通信操作无法配对。", "Deadlock: the ranks' operations cannot pair up."),
+    "hint.not_collective": ("结果不是由通信传来的数据得到的。", "The result was not derived from what the communication delivered."),
     "hint.limit": ("运行超出了资源限制（内存、CPU、输出或进程数）。", "The run went over a resource limit (memory, CPU, output or processes)."),
     "hint.crash": ("有进程崩溃或提前退出。", "A rank crashed or exited early."),
     "hint.todo": ("TODO 还没有完成。", "The TODOs are not done yet."),
     "hint.not_submitted": ("没有可以评分的代码。", "There is no code to grade."),
     "hint.grader_error": ("评分器出错，请联系助教。", "The grader failed: tell your TA."),
+    "hint.forbidden": ("用了本练习不允许的操作。", "An operation this exercise does not allow was used."),
+    # --- structured parameters
+    "frame": ("第 {line} 行，{function} 中：{text}", "line {line} in {function}: {text}"),
+    "frames.none": ("无", "-"),
+    "calls.rank": ("进程 {rank}：{ops}", "rank {rank}: {ops}"),
+    "list.sep": ("；", "; "),
+    "list.comma": ("、", ", "),
+    "list.colon": ("：", ": "),
     # --- report
+    "summary.exercise": ("练习：{title}", "Exercise: {title}"),
     "summary.score": ("得分：{score:g} / {max_score:g}", "Score: {score:g} / {max_score:g}"),
     "summary.hidden_pending": ("另有 {count} 项隐藏测试，成绩公布后可见。", "{count} hidden checks are shown once grades are published."),
     "summary.grader_failed": ("自动评分器出错，本次成绩记为 0 分，请联系助教。", "The autograder failed; this grade is 0 until a TA looks at it."),
@@ -148,6 +187,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "teach.header": ("通信开销（{ws} 个进程，{backend}）：", "Communication cost ({ws} ranks, {backend}):"),
     "teach.collective": ("  进程 {rank} {op}：{ms:.2f} ms；数据 {size} 字节，环形算法每个进程发送约 {volume} 字节（{formula}），约 {bandwidth}",
                          "  rank {rank} {op}: {ms:.2f} ms; {size} bytes of data, a ring sends about {volume} bytes per rank ({formula}), about {bandwidth}"),
+    "teach.p2p": ("  进程 {rank}：发送 {sends} 次共 {sent} 字节（给进程 {to}），接收 {recvs} 次共 {received} 字节（来自进程 {frm}）",
+                  "  rank {rank}: {sends} sends, {sent} bytes (to rank {to}); {recvs} receives, {received} bytes (from rank {frm})"),
     "status.passed": ("通过", "passed"),
     "status.failed": ("未通过", "failed"),
     # --- batch (for TAs)
@@ -158,7 +199,17 @@ CATALOG: dict[str, tuple[str, str]] = {
     "batch.done": ("本次评分 {graded} 份，沿用已有结果 {reused} 份，清理临时文件 {swept} 个，用时 {seconds:.1f} 秒。成绩表：{csv}",
                    "Graded {graded}, reused {reused} up-to-date results, swept {swept} temporary files, in {seconds:.1f} s. Gradebook: {csv}"),
     "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; {gpus} are visible."),
+    # --- list
+    "list.header": ("练习（括号内为总分与可见的进程数；隐藏测试的进程数不显示）：", "Exercises (total points and visible world sizes; hidden world sizes are not shown):"),
+    "list.row": ("  {name}：{title}（{points:g} 分；可见进程数 {visible}）", "  {name}: {title} ({points:g} points; visible world sizes {visible})"),
 }
+
+
+def add(prefix: str, messages: dict) -> None:
+    """An exercise's own messages, under its name (registry.py calls this when it loads one)."""
+    for key, pair in (messages or {}).items():
+        if isinstance(pair, (tuple, list)) and len(pair) == 2:
+            CATALOG[f"{prefix}.{key}"] = (str(pair[0]), str(pair[1]))
 
 
 def layer(layer_id: str, lang: str) -> str:
@@ -172,10 +223,44 @@ def default_lang() -> str:
     return "en" if lang.lower().startswith("en") else "zh"
 
 
+def _word(value, lang: str):
+    """A structured parameter in words: bilingual Words, an exception's frames, operations per rank."""
+    if isinstance(value, Words):
+        return value.zh if lang == "zh" else value.en
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "line" in v and "function" in v for v in value):
+        return render("list.sep", {}, lang).join(render("frame", f, lang) for f in value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "ops" in v for v in value):
+        comma = render("list.comma", {}, lang)
+        return render("list.sep", {}, lang).join(
+            render("calls.rank", {"rank": v.get("rank"), "ops": comma.join(v.get("ops") or ["-"])}, lang) for v in value)
+    if isinstance(value, (list, tuple)) and not value:
+        return render("frames.none", {}, lang)
+    return value
+
+
 def render(key: str, params: dict | None = None, lang: str = "zh") -> str:
     zh, en = CATALOG.get(key, (key, key))
     template = en if lang == "en" else zh
+    values = {k: _word(v, lang) for k, v in (params or {}).items()}
     try:
-        return template.format(**(params or {}))
+        return template.format(**values)
     except (KeyError, IndexError, ValueError):
-        return template
+        return _partial(template, values)
+
+
+def _partial(template: str, values: dict) -> str:
+    """Fill what can be filled (a value of the wrong type for its format spec stays as text)."""
+    def fill(match):
+        name, spec = match.group(1), match.group(2) or ""
+        if name not in values:
+            return match.group(0)
+        try:
+            return format(values[name], spec)
+        except (TypeError, ValueError):
+            return str(values[name])
+    return re.sub(r"\{(\w+)(?::([^}]*))?\}", fill, template)
+
+
+def placeholders(key: str) -> set[str]:
+    zh, en = CATALOG.get(key, ("", ""))
+    return set(re.findall(r"\{(\w+)", zh + en))

@@ -1,9 +1,8 @@
 """Turn results into words, in one language: shared by the text report, results.json and nbgrader."""
 from __future__ import annotations
 
-from ..checks import CHECKS
-from .messages import render
-from ..model import CheckResult, Note, Outcome
+from ..model import CheckResult, GradingResult, Note, Outcome, Words
+from .messages import CATALOG, placeholders, render
 
 HINTS = {
     Outcome.WRONG: "hint.wrong", Outcome.MISSING: "hint.missing", Outcome.BAD_TYPE: "hint.bad_type",
@@ -13,32 +12,48 @@ HINTS = {
     Outcome.PROCESS_LIMIT: "hint.limit", Outcome.OUTPUT_LIMIT: "hint.limit", Outcome.CRASH: "hint.crash",
     Outcome.EARLY_EXIT: "hint.crash", Outcome.TODO: "hint.todo", Outcome.NOT_SUBMITTED: "hint.not_submitted",
     Outcome.SYNTAX_ERROR: "hint.not_submitted", Outcome.NO_ENTRY: "hint.not_submitted",
-    Outcome.GRADER_ERROR: "hint.grader_error", Outcome.NOT_CALLED: "hint.wrong",
+    Outcome.GRADER_ERROR: "hint.grader_error", Outcome.NOT_CALLED: "hint.wrong", Outcome.FORBIDDEN: "hint.forbidden",
+    Outcome.NO_EXERCISE: "hint.not_submitted",
 }
-# Causes a hidden check may show: they name a mistake and carry no values.
-SAFE_CAUSES = {"cause.summed_not_averaged", "cause.hardcoded_ws", "cause.reduce_not_all_reduce",
-               "cause.integer_dtype", "cause.feature_integer_dtype", "cause.stack_not_cat", "cause.gather_list_size", "cause.shared_buffers",
-               "cause.async_no_wait", "cause.assigned_none", "cause.unchanged", "cause.mismatch_generic"}
-# Causes whose visible text carries values: hidden checks show this value-free variant instead.
-HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic"}
+# What a hidden check may show of a cause: only names (of quantities and operations), never values,
+# lines or world sizes. Causes whose visible text carries values have a value-free variant.
+SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce"}
+HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden"}
 
 
 def note(n: Note, lang: str) -> str:
     return render(n.key, n.params, lang)
 
 
-def title(result: CheckResult, lang: str) -> str:
-    spec = result.spec
-    if spec.kind == "static":
-        return render(f"title.static.{spec.collective}", {}, lang)
-    if spec.hidden:  # the name must not reveal the hidden world sizes either
-        n = [c for c in CHECKS if c.hidden and c.collective == spec.collective].index(spec) + 1
-        return render(f"title.hidden_n.{spec.collective}", {"n": n}, lang)
-    return render(f"title.runtime.{spec.collective}", {"ws": spec.world_size}, lang)
+def words(pair, lang: str) -> str:
+    return pair[0] if lang == "zh" else pair[1]
+
+
+def title(result: CheckResult, lang: str, checks=None) -> str:
+    """A check's title. A hidden one is numbered among the hidden checks of its quantity and names no
+    world size (`checks`: every check of the grading, for the numbering)."""
+    check = result.spec
+    ws = "N" if check.hidden else check.world_size
+    try:
+        text = words(check.title, lang).format(ws=ws, op=check.op, quantity=check.quantity)
+    except (KeyError, IndexError, ValueError):
+        text = words(check.title, lang)
+    if not check.hidden:
+        return text
+    hidden = [c for c in (checks or [check]) if c.hidden and c.kind == check.kind and c.quantity == check.quantity]
+    n = hidden.index(check) + 1 if check in hidden else 1
+    return render("title.hidden", {"n": n, "what": text}, lang)
 
 
 def status(result: CheckResult, lang: str) -> str:
     return render("status.passed" if result.passed else "status.failed", {}, lang)
+
+
+def hidden_safe(key: str) -> bool:
+    """A cause a hidden check may show: it exists, and names nothing but quantities and operations."""
+    if key not in CATALOG or ".cause." not in f".{key}":
+        return False
+    return placeholders(key) <= SAFE_PARAMS
 
 
 def check_lines(result: CheckResult, lang: str) -> list[str]:
@@ -47,7 +62,13 @@ def check_lines(result: CheckResult, lang: str) -> list[str]:
         return [note(n, lang) for n in result.notes] + [note(n, lang) for n in result.details]
     if result.passed:
         return [status(result, lang)]
-    lines = [status(result, lang) + ": " + render(HINTS.get(result.outcome, "hint.wrong"), {}, lang)]
-    keys = [HIDDEN_VARIANTS.get(n.key, n.key) for n in result.notes]
-    lines += [render(k, {"op": result.spec.collective}, lang) for k in keys if k in SAFE_CAUSES]
+    lines = [status(result, lang) + render("list.colon", {}, lang) + render(HINTS.get(result.outcome, "hint.wrong"), {}, lang)]
+    for n in result.notes:
+        key = HIDDEN_VARIANTS.get(n.key, n.key)
+        if hidden_safe(key):
+            lines.append(render(key, {k: v for k, v in n.params.items() if k in SAFE_PARAMS}, lang))
     return list(dict.fromkeys(lines))
+
+
+def checks_of(result: GradingResult):
+    return [c.spec for c in result.checks]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .messages import layer, render
 from ..model import GradingResult
-from .render import check_lines, note, title
+from .render import check_lines, checks_of, note, title
 
 OUTPUT_SHOWN = 2000  # characters of each rank's output in the report
 
@@ -15,7 +15,7 @@ def text_report(result: GradingResult, lang: str = "zh") -> str:
     lines += [note(n, lang) for n in result.summary]
     for check in result.checks:
         mark = "PASS" if check.passed else "FAIL"
-        lines.append(f"[{mark}] {check.score:g}/{check.spec.points:g}  {title(check, lang)}")
+        lines.append(f"[{mark}] {check.score:g}/{check.spec.points:g}  {title(check, lang, checks_of(result))}")
         lines += ["       " + line for text in check_lines(check, lang) for line in text.splitlines()]
     if result.teaching:
         lines.append("")

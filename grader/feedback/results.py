@@ -8,12 +8,12 @@ from pathlib import Path
 
 from .messages import render
 from ..model import GradingResult
-from .render import check_lines, note, title
+from .render import check_lines, checks_of, note, title
 
 
 def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
     tests = [{
-        "name": title(check, lang),
+        "name": title(check, lang, checks_of(result)),
         "score": check.score,
         "max_score": check.spec.points,
         "status": "passed" if check.passed else "failed",

@@ -1,14 +1,14 @@
-"""The chapter's numbers, measured: each collective's time per rank and the volume a ring moves for it."""
+"""The chapter's numbers, measured: each collective's time per rank and the volume a ring moves for it
+(comm.OPS), and for point-to-point exchanges what each rank sent and received, to whom."""
 from __future__ import annotations
 
+from ..comm import OPS
 from ..model import Note
+from ..processes.protocol import element_size
 from ..processes.runner import RunOutcome
 
-ELEMENT_BYTES = {"torch.float64": 8, "torch.float32": 4, "torch.float16": 2, "torch.bfloat16": 2,
-                 "torch.int64": 8, "torch.int32": 4, "torch.int16": 2, "torch.int8": 1, "torch.uint8": 1}
 
-
-def _rate(volume: float, ms: float) -> str:
+def rate(volume: float, ms: float) -> str:
     if ms <= 0:
         return "-"
     per_s = volume / (ms / 1000)
@@ -19,26 +19,41 @@ def _rate(volume: float, ms: float) -> str:
 
 
 def ring_volume(op: str, n: int, size: int) -> tuple[float, str]:
-    """Bytes each rank sends in a ring: all-reduce 2(N-1)/N x size, all-gather (N-1)/N x total size."""
-    if op == "all_reduce":
-        return 2 * (n - 1) / n * size, f"2({n}-1)/{n} x {size}"
-    return (n - 1) / n * size, f"({n}-1)/{n} x {size}"
+    """Bytes each rank sends in a ring algorithm for `op` on `size` bytes (comm.OPS), and the formula."""
+    spec = OPS[op]
+    if spec.ring is None:
+        return 0.0, "-"
+    return spec.ring(n) * size, spec.formula.replace("N", str(n)).replace("S", str(size))
+
+
+def _size(call, n: int) -> int:
+    """The S of the op's formula: the bytes one rank contributes, or the bytes it ends with."""
+    descs = call.delivered if OPS[call.op].size == "output" and call.delivered else call.inputs
+    return sum(int(d.get("numel") or 0) * element_size(d.get("dtype")) for d in descs or [])
 
 
 def teaching_notes(run: RunOutcome) -> list[Note]:
     n = run.request.world_size
     notes = [Note("teach.header", {"ws": n, "backend": run.request.backend})]
     for rec in run.ranks:
-        enters = {(c["op"], c["n"]): c for c in rec.calls if c.get("t") == "enter"}
         for call in rec.calls:
-            if call.get("t") != "exit" or call.get("op") not in ("all_reduce", "all_gather") or not call.get("ok"):
+            if not (call.completed and call.ok) or call.op in ("send", "recv", "barrier") or OPS.get(call.op) is None:
                 continue
-            args = (enters.get((call["op"], call["n"])) or {}).get("args") or {}
-            tensor = args.get("tensor") or {}
-            elem = ELEMENT_BYTES.get(tensor.get("dtype"), 4)
-            size = tensor.get("numel", 0) * elem * (n if call["op"] == "all_gather" else 1)
-            volume, formula = ring_volume(call["op"], n, size)
-            notes.append(Note("teach.collective", {"rank": rec.rank, "op": call["op"], "ms": float(call.get("ms", 0)),
+            size = _size(call, n)
+            volume, formula = ring_volume(call.op, n, size)
+            notes.append(Note("teach.collective", {"rank": rec.rank, "op": call.api or call.op, "ms": call.ms,
                                                    "size": size, "volume": int(volume), "formula": formula,
-                                                   "bandwidth": _rate(volume, float(call.get("ms", 0)))}))
+                                                   "bandwidth": rate(volume, call.ms)}))
+        sends = [c for c in rec.calls if c.op == "send"]
+        recvs = [c for c in rec.calls if c.op == "recv" and c.completed and c.ok]
+        if sends or recvs:
+            notes.append(Note("teach.p2p", {"rank": rec.rank, "sends": len(sends), "sent": sum(c.sent_bytes for c in sends),
+                                            "to": _peers(sends), "recvs": len(recvs),
+                                            "received": sum(c.delivered_bytes for c in recvs),
+                                            "frm": _peers(recvs)}))
     return notes if len(notes) > 1 else []
+
+
+def _peers(calls) -> str:
+    peers = sorted({c.peer if c.peer is not None else c.source for c in calls} - {None})
+    return ", ".join(map(str, peers)) or "-"

@@ -31,14 +31,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import checks as rubric
+from ..exercise import registry
 from ..submission import load as loader
 from ..feedback.messages import default_lang, render
 from ..feedback.results import failed_results, write_atomic
 from ..processes.sandbox import default_total_mb
 
 ROOT = Path(__file__).resolve().parents[2]
-RUBRIC_KEY = ",".join(f"{c.id}:{c.points:g}" for c in rubric.CHECKS)
 MAX_ATTEMPTS = 2                 # a student whose worker dies is graded once more, in a fresh worker
 FAULT_ENV = "GRADER_BATCH_FAULT"  # test hook: a worker exits at once when given this student
 
@@ -90,10 +89,10 @@ def read_results(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def up_to_date(data: dict | None, digest: str, lang: str) -> bool:
+def up_to_date(data: dict | None, digest: str, lang: str, exercise) -> bool:
     extra = (data or {}).get("extra_data") or {}
     batch = extra.get("batch") or {}
-    return (batch.get("content_hash") == digest and batch.get("lang") == lang and batch.get("rubric") == RUBRIC_KEY
+    return (batch.get("content_hash") == digest and batch.get("lang") == lang and batch.get("rubric") == exercise.rubric_key()
             and not extra.get("grader_error") and isinstance(extra.get("scores"), dict))
 
 
@@ -122,7 +121,8 @@ def lock(out: Path):
 
 # -- the worker: one Runner, one student at a time -----------------------------------------------------
 def worker_main(argv: list[str]) -> int:
-    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB`.
+    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB
+    EXERCISE [EXERCISES_DIR ...]`.
 
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
@@ -137,6 +137,7 @@ def worker_main(argv: list[str]) -> int:
         return 1
     lang, backend, wall_s, memory_mb, sandbox = argv[0], argv[1], float(argv[2]), int(argv[3]), argv[4] == "1"
     total_mb = int(argv[5])
+    exercise = registry.get(argv[6], argv[7:])
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     fault = os.environ.get(FAULT_ENV)
@@ -145,7 +146,7 @@ def worker_main(argv: list[str]) -> int:
             task = json.loads(line)
             if fault and task["name"] == fault:
                 os._exit(3)
-            result = api.grade_path(Path(task["path"]), runner=runner, include_hidden=True, backend=backend,
+            result = api.grade_path(Path(task["path"]), runner=runner, exercise=exercise, include_hidden=True, backend=backend,
                                     show_output=False)
             data = to_gradescope(result, lang)
             data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
@@ -160,7 +161,7 @@ class Worker:
     def __init__(self, args, log_dir: Path, index: int):
         cmd = [sys.executable, "-c", "import sys; from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
                args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
-               str(args.memory_total_mb or default_total_mb(args.jobs))]
+               str(args.memory_total_mb or default_total_mb(args.jobs)), args.exercise_spec.name, *args.exercises_dir]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.log = log_dir / f"worker-{index}.log"
@@ -251,7 +252,7 @@ def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]
     sel = selectors.DefaultSelector()
 
     def finish(student: Student, data: dict) -> None:
-        data.setdefault("extra_data", {})["batch"] = {"content_hash": student.digest, "lang": args.lang, "rubric": RUBRIC_KEY}
+        data.setdefault("extra_data", {})["batch"] = {"content_hash": student.digest, "lang": args.lang, "rubric": args.exercise_spec.rubric_key()}
         write_atomic(out / f"{student.name}.json", json.dumps(data, ensure_ascii=False, indent=2) + "\n")
         results[student.name] = data
         progress.advance(student.name)
@@ -270,7 +271,7 @@ def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]
             else:
                 error = "\n\n".join(f"attempt {i + 1}: {e}" for i, e in enumerate(student.errors))
                 data = failed_results(student.name, error, args.lang)
-                data["extra_data"]["scores"] = {c.id: 0 for c in rubric.CHECKS}
+                data["extra_data"]["scores"] = {c.id: 0 for c in args.exercise_spec.checks}
                 finish(student, data)
 
     try:
@@ -315,13 +316,13 @@ def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]
 
 
 # -- gradebook and summary --------------------------------------------------------------------------
-def verdict(data: dict) -> str:
+def verdict(data: dict, exercise) -> str:
     """The first failing outcome in rubric order, or "pass"."""
     extra = data.get("extra_data") or {}
     if extra.get("grader_error"):
         return "grader_failed"
     outcomes = extra.get("outcomes") or {}
-    for spec in rubric.CHECKS:
+    for spec in exercise.checks:
         outcome = outcomes.get(spec.id, "missing")
         if outcome != "pass":
             return outcome
@@ -332,37 +333,38 @@ def _num(x) -> str:
     return f"{float(x):g}"
 
 
-def gradebook(rows: list[tuple[str, dict]]) -> str:
+def gradebook(rows: list[tuple[str, dict]], exercise) -> str:
     """grades.csv: the same submissions give the same bytes (sorted by student, no times)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["student", "total", *(c.id for c in rubric.CHECKS), "verdict"])
+    writer.writerow(["student", "total", *(c.id for c in exercise.checks), "verdict"])
     for name, data in sorted(rows):
         scores = (data.get("extra_data") or {}).get("scores") or {}
-        writer.writerow([name, _num(data.get("score", 0)), *(_num(scores.get(c.id, 0)) for c in rubric.CHECKS), verdict(data)])
+        writer.writerow([name, _num(data.get("score", 0)), *(_num(scores.get(c.id, 0)) for c in exercise.checks), verdict(data, exercise)])
     return buf.getvalue()
 
 
-def summary(rows: list[tuple[str, dict]], lang: str) -> str:
+def summary(rows: list[tuple[str, dict]], lang: str, exercise) -> str:
+    total = exercise.total
     totals = [float(d.get("score", 0)) for _, d in rows]
     verdicts: dict[str, int] = {}
     for _, d in rows:
-        verdicts[verdict(d)] = verdicts.get(verdict(d), 0) + 1
+        verdicts[verdict(d, exercise)] = verdicts.get(verdict(d, exercise), 0) + 1
     lines = [f"{'student':<24} {'total':>6}  verdict"]
-    lines += [f"{name:<24} {_num(d.get('score', 0)):>6}  {verdict(d)}" for name, d in sorted(rows)]
+    lines += [f"{name:<24} {_num(d.get('score', 0)):>6}  {verdict(d, exercise)}" for name, d in sorted(rows)]
     lines.append("")
     lines.append(render("batch.verdicts", {}, lang) + "  " + ", ".join(f"{v}: {n}" for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))))
     if totals:
         lines.append(render("batch.mean_median", {"count": len(totals), "mean": statistics.fmean(totals),
-                                                  "median": statistics.median(totals), "max": rubric.TOTAL}, lang))
+                                                  "median": statistics.median(totals), "max": total}, lang))
         lines.append(render("batch.histogram", {}, lang))
         bins = [0] * 11
         for t in totals:
-            bins[min(int(t * 10 // rubric.TOTAL), 10)] += 1
+            bins[min(int(t * 10 // total), 10)] += 1
         scale = max(1.0, max(bins) / 40)
         for i, n in enumerate(bins):
-            low = rubric.TOTAL * i / 10
-            label = f"{low:g}" if i == 10 else f"{low:g}-{low + rubric.TOTAL / 10 - 1:g}"
+            low = total * i / 10
+            label = f"{low:g}" if i == 10 else f"{low:g}-{low + total / 10 - 1:g}"
             lines.append(f"  {label:>7} | {'#' * round(n / scale):<40} {n}")
     return "\n".join(lines) + "\n"
 
@@ -421,11 +423,16 @@ def run(args) -> int:
         students, skipped = discover(folder, out)
         for why in skipped:
             print(f"skipped: {why}", file=sys.stderr)
+        try:
+            args.exercise_spec = class_exercise(folder, students, args)
+        except registry.ExerciseError as err:
+            print(render(err.key, err.params, args.lang), file=sys.stderr)
+            return 2
         todo, rows = [], []
         for student in students:
             student.digest = content_hash(student.path)
             data = read_results(out / f"{student.name}.json")
-            if up_to_date(data, student.digest, args.lang):
+            if up_to_date(data, student.digest, args.lang, args.exercise_spec):
                 rows.append((student.name, data))
             else:
                 todo.append(student)
@@ -433,11 +440,35 @@ def run(args) -> int:
         progress = Progress(len(todo))
         graded = grade_all(todo, args, out, progress) if todo else {}
         rows += sorted(graded.items())
-        write_atomic(out / "grades.csv", gradebook(rows))
-    sys.stdout.write(summary(rows, args.lang))
+        write_atomic(out / "grades.csv", gradebook(rows, args.exercise_spec))
+    sys.stdout.write(summary(rows, args.lang, args.exercise_spec))
     print(render("batch.done", {"graded": len(graded), "reused": reused, "swept": swept,
                                 "seconds": time.monotonic() - started, "csv": out / "grades.csv"}, args.lang))
     return 0
+
+
+def class_exercise(folder: Path, students: list[Student], args):
+    """The exercise of the whole class: --exercise; else the one the class folder names; else the one
+    most submissions are for (inferred from each file, its folder and its code)."""
+    if args.exercise:
+        return registry.get(args.exercise, args.exercises_dir)
+    try:
+        return registry.infer(folder.resolve(), None, args.exercises_dir)
+    except registry.ExerciseError:
+        pass
+    votes: dict[str, int] = {}
+    found = {}
+    for student in students:
+        submission = loader.load(student.path)
+        try:
+            exercise = registry.infer(submission.path, submission.source, args.exercises_dir)
+        except registry.ExerciseError:
+            continue
+        votes[exercise.name] = votes.get(exercise.name, 0) + 1
+        found[exercise.name] = exercise
+    if not votes:
+        raise registry.ExerciseError("exercise.ambiguous", known=", ".join(sorted(registry.available(args.exercises_dir))))
+    return found[max(sorted(votes), key=votes.get)]
 
 
 def register(subparsers, add_common_options) -> None:

@@ -39,7 +39,7 @@ from ..submission import static
 from ..checks import CHECKS
 from ..feedback.messages import LANGS, default_lang, render
 from ..model import CheckResult, GradingResult, Outcome
-from ..feedback.render import check_lines, note, status, title
+from ..feedback.render import check_lines, checks_of, note, status, title
 from ..feedback.report import text_report
 
 FILENAME = "notebook.ipynb"   # what messages and tracebacks call the kernel's code

@@ -1,30 +1,26 @@
-"""Inside one rank process: run the student's `run_worker` and report what happened as plain data.
+"""Inside one rank process: run the student's entry function and report what happened, as plain data.
 
 The zygote imports this module (and torch) once; each rank is a fork of it. A rank:
   1. reads its spec (one JSON line) from its control pipe;
-  2. joins the grader's process group (a fresh FileStore: no port, no clash between gradings);
+  2. joins the grader's process group, built on the observed backend (backend.py) over a fresh store;
   3. loads the submission's definitions only (static.definitions_only), never its launch calls;
-  4. calls run_worker(rank, world_size) while hooks on the collectives log each call, its timing and
-     tensors, and (in a perturbed run) add to what it sends the deltas the supervisor answers for that
-     call (the seeds never enter the rank), then log what the call produced;
-  5. sends the returned values, or run_worker's final locals, as JSON lists of numbers, then waits.
+  4. calls the exercise's entry function, while the backend reports every operation: what this rank
+     sent, and what was delivered to it (protocol.py);
+  5. reports the quantities the exercise names: returned, or the entry function's final locals.
 
-Nothing here judges: the supervisor does, in another process, from this plain data. Every torch
-method used on student tensors is taken from torch._C.TensorBase at import, before student code runs,
-so patching torch.Tensor or builtins from the submission changes nothing here.
+Nothing here judges: the supervisor does, in another process, from this plain data. Tensor reads run
+with torch-function and dispatch modes disabled, on methods taken from torch._C.TensorBase at import,
+so patching torch, builtins or Tensor methods from the submission changes nothing here.
 """
 from __future__ import annotations
 
 import ast
 import builtins
-import functools
-import inspect
 import json
 import linecache
 import os
 import sys
 import threading
-import time
 import types
 from datetime import timedelta
 
@@ -32,20 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ..verify import perturb
-
 from ..submission import static
+from . import backend, protocol
 
 _TB = torch._C.TensorBase
-_dtype_of = _TB.dtype.__get__
-_shape_of = _TB.shape.__get__
-_device_of = _TB.device.__get__
-_tolist, _detach, _cpu, _reshape = _TB.tolist, _TB.detach, _TB.cpu, _TB.reshape
-_numel, _data_ptr, _add_ = _TB.numel, _TB.data_ptr, _TB.add_
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_write, _read, _perf, _getframe = os.write, os.read, time.perf_counter, sys._getframe
-_dumps = json.dumps
-_no_grad = torch.no_grad
+_write, _read = os.write, os.read
 _BUILTINS = dict(builtins.__dict__)  # as the zygote imported them, before any student code
 
 
@@ -56,56 +43,22 @@ def _restore_builtins() -> None:
         builtins.__dict__.update(_BUILTINS)
 
 
-MAX_VALUES = 1 << 14      # values sent per tensor
-SNAP_LIMIT = 16           # tensors per locals snapshot
-OBSERVED = ("all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce", "broadcast",
-            "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter",
-            "barrier", "send", "recv", "isend", "irecv", "all_gather_object", "broadcast_object_list")
-
-_STATE: _RankState | None = None  # set in the rank process only, after fork
-
-
 class _Channel:
-    """Newline-delimited JSON to the supervisor."""
+    """Newline-delimited JSON to the supervisor (thread-safe: the backend reports from its threads)."""
 
     def __init__(self, fd: int):
         self.fd = fd
         self.lock = threading.Lock()
 
     def send(self, **msg) -> None:
-        data = memoryview((_dumps(msg, default=repr) + "\n").encode())
+        data = memoryview((json.dumps(msg, default=repr) + "\n").encode())
         with self.lock:
             while data:
                 data = data[_write(self.fd, data):]
 
 
-def describe(obj, values: bool = True) -> dict:
-    """Plain-data view of a value: a tensor's type, dtype, shape and values; else just its type name."""
-    kind = type(obj)
-    if not issubclass(kind, _TB):
-        if isinstance(obj, (list, tuple)):
-            return {"kind": "sequence", "type": kind.__name__, "len": len(obj)}
-        return {"kind": "other", "type": kind.__name__}
-    if kind not in _PLAIN:
-        return {"kind": "tensor", "plain": False, "type": kind.__name__}
-    out = {"kind": "tensor", "plain": True, "type": kind.__name__, "dtype": str(_dtype_of(obj)),
-           "shape": list(_shape_of(obj)), "device": str(_device_of(obj))}
-    try:
-        out["ptr"] = _data_ptr(obj)
-        if values and _TB.is_complex(obj):
-            raise TypeError("complex values")
-        if values:
-            flat = _reshape(_cpu(_detach(obj)), (-1,))
-            n = _numel(flat)
-            out["values"] = _tolist(flat[:MAX_VALUES] if n > MAX_VALUES else flat)
-    except Exception as err:  # sparse, meta, complex ...: a wrong answer, not a grader failure
-        out["values"] = []
-        out["unreadable"] = f"{type(err).__name__}: {err}"[:200]
-    return out
-
-
 class _LineReader:
-    """Lines from the supervisor on the control pipe: the spec, then one delta per perturbed collective."""
+    """Lines from the supervisor on the control pipe: the spec, then one seed per perturbed operation."""
 
     def __init__(self, fd: int):
         self.fd, self.buf = fd, b""
@@ -120,198 +73,79 @@ class _LineReader:
         return line
 
 
-class _TimedWork:
-    """An async_op handle whose wait() reports when the collective really finished."""
+class RankReporter(backend.Reporter):
+    """Tells the supervisor about every operation the backend runs, and the entry function's locals."""
 
-    def __init__(self, work, done):
-        self._work, self._done = work, done
-
-    def wait(self, *args, **kwargs):
-        result = self._work.wait(*args, **kwargs)
-        self._done()
-        return result
-
-    def is_completed(self):
-        finished = self._work.is_completed()
-        if finished:
-            self._done()
-        return finished
-
-    def get_future(self):
-        future = self._work.get_future()
-        future.add_done_callback(lambda _: self._done())
-        return future
-
-    def __getattr__(self, name):
-        return getattr(self._work, name)
-
-
-class _RankState:
     def __init__(self, spec: dict, channel: _Channel, control: _LineReader):
-        self.spec = spec
-        self.control = control
-        self.rank = spec["rank"]
-        self.channel = channel
-        self.counts: dict[str, int] = {}
-        self.perturb = set(spec.get("perturb") or ())   # collective families to perturb: all_reduce, all_gather
-        self.entry_code = None
-        self.cuda = spec["backend"] != "gloo"
+        self.spec, self.channel, self.control = spec, channel, control
+        self.filename = spec["filename"]
+        self.perturbed = bool(spec.get("perturb"))
+        self.budget = protocol.Budget()
+        self.seq = 0
+        self.lock = threading.Lock()
+        self.entry_codes: set = set()
+        self.snapped: dict[str, tuple] = {}
 
-    def next_index(self, op: str) -> int:
-        k = self.counts.get(op, 0)
-        self.counts[op] = k + 1
-        return k
-
-    def snapshot(self) -> None:
-        """The tensors run_worker holds when it enters a collective (it may never return)."""
-        frame = _getframe(2)
-        while frame is not None and frame.f_code is not self.entry_code:
-            frame = frame.f_back
-        if frame is not None:
-            self.channel.send(t="snap", locals=tensor_locals(frame.f_locals))
-
-    def delta_reply(self, op: str, k: int) -> list | None:
-        """This call's deltas, asked of the supervisor (it answers every perturbed call's "enter"): no
-        secret lives in the rank process before the collective runs, so student code cannot compute
-        the perturbation ahead of it."""
-        reply = json.loads(self.control.readline())
-        if reply.get("op") != op or reply.get("n") != k:
-            raise RuntimeError("grader protocol out of step")
-        return reply.get("values") or None
-
-
-def _delta_tensor(values: list, tensor):
-    base = torch.tensor(values, dtype=torch.float64)
-    reps = -(-_numel(tensor) // len(values))
-    flat = base.repeat(reps)[: _numel(tensor)]
-    return flat.reshape(_shape_of(tensor)).to(dtype=_dtype_of(tensor), device=_device_of(tensor))
-
-
-def tensor_locals(namespace: dict) -> dict:
-    out = {}
-    for name, value in list(namespace.items()):
-        if issubclass(type(value), _TB) and len(out) < SNAP_LIMIT:
-            try:
-                out[name] = describe(value)
-            except Exception:  # a tensor that cannot be read (meta, freed ...) is skipped
-                pass
-    return out
-
-
-def _call_info(args: dict) -> dict:
-    """What the log keeps of a collective's arguments: tensor dtypes and shapes, list lengths and aliasing."""
-    info = {}
-    for name, value in args.items():
-        if issubclass(type(value), _TB) and type(value) in _PLAIN:
-            info[name] = {"dtype": str(_dtype_of(value)), "shape": list(_shape_of(value)), "numel": _numel(value)}
-        elif isinstance(value, (list, tuple)) and value and all(type(v) in _PLAIN for v in value):
-            ptrs = [_data_ptr(v) for v in value]
-            info[name] = {"len": len(value), "shapes": [list(_shape_of(v)) for v in value[:8]],
-                          "dtype": str(_dtype_of(value[0])), "distinct": len(set(ptrs))}
-        elif isinstance(value, (list, tuple)):
-            info[name] = {"len": len(value)}
-        elif isinstance(value, (int, bool)) or value is None:
-            info[name] = value
-        elif name == "op":
-            info[name] = str(getattr(value, "name", value)).split(".")[-1]
-    return info
-
-
-def _wrap_collective(name: str, original):
-    signature = inspect.signature(original)
-    family = perturb.PERTURBED_OPS.get(name)
-
-    @functools.wraps(original)
-    def collective(*args, **kwargs):
-        state = _STATE
-        if state is None:
-            return original(*args, **kwargs)
+    def restore(self) -> None:
         _restore_builtins()
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError:
-            return original(*args, **kwargs)  # torch's own error message, from torch
-        k = state.next_index(name)
-        state.snapshot()  # every run: a rank that never returns is judged on what it held here
-        state.channel.send(t="enter", op=name, n=k, args=_call_info(bound.arguments))
-        perturbed = family is not None and family in state.perturb
-        if perturbed:
-            _apply_delta(state, name, k, bound)
-        start = _perf()
-        reported = []
 
-        def done(ok=True):
-            if reported:
-                return
-            reported.append(True)
-            if state.cuda and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
-            extra = {"out": _output_values(name, bound.arguments)} if perturbed else {}
-            state.channel.send(t="exit", op=name, n=k, ok=ok, ms=(_perf() - start) * 1000, **extra)
+    def enter(self, call: dict, sent: list, received: list) -> int | None:
+        with self.lock:
+            seq = call["seq"] = self.seq
+            self.seq += 1
+        self._snapshot()
+        call["inputs"] = [protocol.encode(t, self.budget) for t in sent]
+        call["outputs"] = [protocol.meta(t) for t in received]
+        self.channel.send(t="call", **call)
+        if not self.perturbed or not sent:
+            return None
+        reply = json.loads(self.control.readline())
+        if reply.get("seq") != seq:
+            raise RuntimeError("grader protocol out of step")
+        seed = reply.get("seed")
+        return int(seed) if isinstance(seed, int) else None
 
-        try:
-            result = original(*bound.args, **bound.kwargs)
-        except BaseException as err:
-            state.channel.send(t="exit", op=name, n=k, ok=False, ms=(_perf() - start) * 1000,
-                               error=f"{type(err).__name__}: {err}"[:500])
-            raise
-        if bound.arguments.get("async_op") and result is not None:
-            return _TimedWork(result, done)
-        done()
-        return result
+    def complete(self, seq, ok, delivered, error, source, ms) -> None:
+        self.channel.send(t="complete", seq=seq, ok=ok, error=error, source=source, ms=round(ms, 4),
+                          delivered=[protocol.encode(t, self.budget) for t in delivered])
 
-    collective.__grader_original__ = original
-    return collective
+    def waited(self, seq: int) -> None:
+        self.channel.send(t="wait", seq=seq)
 
-
-def _output_values(name: str, args: dict) -> list | None:
-    """What a perturbed collective produced on this rank: verify.py checks the result was derived from it."""
-    try:
-        if name == "all_reduce":
-            outputs = [args.get("tensor")]
-        elif name == "all_gather":
-            outputs = list(args.get("tensor_list") or [])
-        else:
-            outputs = [args.get("output_tensor")]
-        values = []
-        for out in outputs:
-            if type(out) not in _PLAIN:
-                return None
-            values += _tolist(_reshape(_cpu(_detach(out)), (-1,)))
-            if len(values) > MAX_VALUES:
-                return values[:MAX_VALUES]
-        return values
-    except Exception:
-        return None
+    def _snapshot(self) -> None:
+        """The tensors the entry function holds as it enters an operation: a rank left waiting there
+        (another rank failed) is judged on them. Only tensors that changed since the last snapshot."""
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_code not in self.entry_codes:
+            frame = frame.f_back
+        if frame is None:
+            return
+        changed = {}
+        for name, value in list(frame.f_locals.items()):
+            if isinstance(value, _TB):
+                key = (id(value), getattr(value, "_version", 0))
+                if self.snapped.get(name) != key:
+                    self.snapped[name] = key
+                    changed[name] = protocol.describe(value, self.budget)
+        if changed:
+            self.channel.send(t="snap", locals=changed)
 
 
-def _apply_delta(state: _RankState, name: str, k: int, bound) -> None:
-    values = state.delta_reply(name, k)
-    key = {"all_reduce": "tensor", "all_gather": "tensor"}.get(name, "input_tensor")
-    tensor = bound.arguments.get(key)
-    if values is None or type(tensor) not in _PLAIN:
-        return
-    delta = _delta_tensor(values, tensor)
-    with _no_grad():
-        if name == "all_reduce":
-            _add_(tensor, delta)                         # in place: all_reduce sends and receives in it
-        else:
-            bound.arguments[key] = _detach(tensor) + delta  # the student's own tensor stays as it was
-    del delta, values
+_REPORTER: RankReporter | None = None
 
 
 def _student_init_process_group(*args, **kwargs):
     """The grader owns the process group: a student's own init (fixed port and all) joins it instead."""
-    if _STATE is not None:
-        _STATE.channel.send(t="note", what="init_process_group")
+    if _REPORTER is not None:
+        _REPORTER.channel.send(t="note", what="init_process_group")
         if dist.is_initialized():
             return None
     return _ORIGINALS["init_process_group"](*args, **kwargs)
 
 
 def _student_destroy_process_group(group=None):
-    if _STATE is not None and group is None:
-        _STATE.channel.send(t="note", what="destroy_process_group")
+    if _REPORTER is not None and group is None:
+        _REPORTER.channel.send(t="note", what="destroy_process_group")
         return None
     return _ORIGINALS["destroy_process_group"](group)
 
@@ -320,18 +154,11 @@ _ORIGINALS: dict = {}
 
 
 def install_hooks() -> None:
-    """Replace the collectives in torch.distributed (and c10d) by logging wrappers. Called once, in the zygote."""
+    """Register the observed backend and take over init/destroy of the default group. Called once, in
+    the zygote; everything a rank imports later is imported here first (ranks cannot read the checkout)."""
+    backend.install(None)
     if _ORIGINALS:
         return
-    for name in OBSERVED:
-        original = getattr(c10d, name, None)
-        if original is None:
-            continue
-        _ORIGINALS[name] = original
-        wrapper = _wrap_collective(name, original)
-        for module in (dist, c10d):
-            if getattr(module, name, None) is original:
-                setattr(module, name, wrapper)
     for name, replacement in (("init_process_group", _student_init_process_group),
                               ("destroy_process_group", _student_destroy_process_group)):
         _ORIGINALS[name] = getattr(c10d, name)
@@ -348,9 +175,13 @@ def _error_record(err: BaseException, filename: str) -> dict:
         code = tb.tb_frame.f_code
         if code.co_filename == filename:
             frames.append({"line": tb.tb_lineno, "function": code.co_name,
-                           "text": linecache.getline(filename, tb.tb_lineno).strip()})
+                           "text": linecache.getline(filename, tb.tb_lineno).strip()[:200]})
         tb = tb.tb_next
-    return {"type": type(err).__name__, "message": str(err)[:2000], "frames": frames[-8:]}
+    try:
+        message = str(err)[:2000]
+    except BaseException:  # noqa: BLE001  (a student exception whose __str__ raises)
+        message = "?"
+    return {"type": type(err).__name__[:100], "message": message, "frames": frames[-8:]}
 
 
 def _load_submission(spec: dict) -> types.ModuleType:
@@ -364,58 +195,85 @@ def _load_submission(spec: dict) -> types.ModuleType:
     return module
 
 
-def _values_of(returned) -> dict | None:
-    if isinstance(returned, dict):
-        returned = (returned.get("gradient"), returned.get("full_feature"))
-    if isinstance(returned, (tuple, list)) and len(returned) == 2:
-        return {"gradient": describe(returned[0]), "full_feature": describe(returned[1])}
-    return None
+def _entry_codes(entry, name: str, filename: str) -> set:
+    """The code objects whose locals are the entry function's: the student's own function, also when it
+    is decorated (through `__wrapped__`, or a function of that name defined in the submission)."""
+    codes = set()
+    seen = 0
+    fn = entry
+    while fn is not None and seen < 32:
+        code = getattr(fn, "__code__", None)
+        if code is not None and code.co_filename == filename and code.co_name == name:
+            codes.add(code)
+        fn = getattr(fn, "__wrapped__", None)
+        seen += 1
+    if not codes:  # a decorator without functools.wraps: find the student's def by name in the closures
+        stack = [getattr(entry, "__code__", None)]
+        while stack:
+            code = stack.pop()
+            if code is None:
+                continue
+            if code.co_name == name and code.co_filename == filename:
+                codes.add(code)
+            stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        for cell in getattr(entry, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:
+                continue
+            code = getattr(inner, "__code__", None)
+            if code is not None and code.co_name == name and code.co_filename == filename:
+                codes.add(code)
+    return codes
 
 
-def _names_of(returned, final_locals: dict) -> dict:
-    """Which locals the returned objects were bound to (for reading them when a later run raises)."""
-    names = {}
-    if isinstance(returned, (tuple, list)) and len(returned) == 2:
-        for key, obj in zip(("gradient", "full_feature"), returned):
-            for name, value in final_locals.items():
-                if value is obj:
-                    names[key] = name
-                    break
-    return names
+def _quantities(returned, final_locals: dict, names: list[str], budget) -> tuple[dict, str]:
+    """Each named quantity as plain data, and where it came from ("return" or "locals")."""
+    values = protocol.unpack_returned(returned, names)
+    source = "return"
+    if values is None:
+        values, source = {n: final_locals.get(n) for n in names}, "locals"
+    out = {}
+    for name in names:
+        value = values.get(name)
+        out[name] = None if value is None else protocol.describe(value, budget)
+    return out, source
 
 
 def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
     """Everything a rank does after its sandbox is in place."""
-    global _STATE
+    global _REPORTER
     rank, world_size = spec["rank"], spec["world_size"]
-    state = _STATE = _RankState(spec, channel, control)
-    if state.cuda:
+    reporter = _REPORTER = RankReporter(spec, channel, control)
+    cuda = spec["backend"] != "gloo"
+    if cuda:
         torch.cuda.set_device(rank)
-    store = dist.FileStore(spec["store"], world_size)
-    backend = "cpu:gloo,cuda:nccl" if state.cuda else "gloo"
+    backend.install(reporter, cuda=cuda)
     timeout = timedelta(seconds=spec["timeout"])
-    _ORIGINALS["init_process_group"](backend=backend, store=store, rank=rank, world_size=world_size,
+    store = protocol.make_store(spec, world_size)
+    _ORIGINALS["init_process_group"](backend=backend.NAME, store=store, rank=rank, world_size=world_size,
                                      timeout=timeout)
     # No student code before every rank has finished connecting: a rank that exits at once (os._exit)
     # would otherwise break a slower rank's handshake, and that would look like the grader's failure.
     store.set(f"connected/{rank}", "1")
     store.wait([f"connected/{r}" for r in range(world_size)], timeout)
     channel.send(t="ready")
+    entry_name = spec["entry"]
     try:
         module = _load_submission(spec)
-        entry = getattr(module, static.ENTRY)
+        entry = getattr(module, entry_name)
         if not callable(entry):
-            raise TypeError(f"{static.ENTRY} is not a function")
-    except BaseException as err:
+            raise TypeError(f"{entry_name} is not a function")
+    except BaseException as err:  # noqa: BLE001
         _restore_builtins()
         channel.send(t="result", how="load_error", error=_error_record(err, spec["filename"]))
         return
     _restore_builtins()
-    state.entry_code = getattr(entry, "__code__", None)
+    codes = reporter.entry_codes = _entry_codes(entry, entry_name, spec["filename"])
     captured: dict = {}
 
     def profile(frame, event, arg):
-        if event == "return" and frame.f_code is state.entry_code:
+        if event == "return" and frame.f_code in codes:
             captured["locals"] = dict(frame.f_locals)
 
     how, returned, error = "return", None, None
@@ -423,19 +281,20 @@ def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
     try:
         returned = entry(rank, world_size)
     except SystemExit as err:
-        how, error = "exit", {"type": "SystemExit", "message": str(err.code), "frames": []}
-    except BaseException as err:
+        how, error = "exit", {"type": "SystemExit", "message": str(err.code)[:200], "frames": []}
+    except BaseException as err:  # noqa: BLE001
         how, error = "raise", _error_record(err, spec["filename"])
     finally:
         sys.setprofile(None)
         _restore_builtins()
-    final_locals = captured.get("locals", {})
-    message = {"t": "result", "how": how, "error": error, "locals": tensor_locals(final_locals),
-               "returned": None, "returned_type": type(returned).__name__, "names": {}}
-    if how == "return":
-        message["returned"] = _values_of(returned)
-        message["names"] = _names_of(returned, final_locals)
-    channel.send(**message)
+    names = list(spec["quantities"])
+    try:
+        values, source = _quantities(returned if how == "return" else None, captured.get("locals", {}), names,
+                                     reporter.budget)
+    except BaseException as err:  # noqa: BLE001  (an odd returned object: the student's, never the grader's)
+        values, source = {n: protocol.unreadable(err) for n in names}, "return"
+    channel.send(t="result", how=how, error=error, values=values, source=source,
+                 returned_type=protocol.type_name(returned))
 
 
 def rank_main(spec_fd: int, result_fd: int) -> None:
@@ -446,21 +305,21 @@ def rank_main(spec_fd: int, result_fd: int) -> None:
         control = _LineReader(spec_fd)
         spec = json.loads(control.readline())
         run(spec, channel, control)
-    except BaseException as err:  # the grader's own failure (setup), reported as such
+    except BaseException as err:  # noqa: BLE001  (the grader's own failure (setup), reported as such)
         try:
             channel.send(t="setup_error", error=f"{type(err).__name__}: {err}"[:2000])
-        except BaseException:
+        except BaseException:  # noqa: BLE001
             pass
         code = 70
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except BaseException:
+        except BaseException:  # noqa: BLE001
             pass
     try:
-        channel.send(t="done")
+        channel.send(t="end")
         while _read(spec_fd, 1):  # hold the process group up until the supervisor is done with this run
             pass
-    except BaseException:
+    except BaseException:  # noqa: BLE001
         pass
     os._exit(code)

@@ -21,14 +21,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..verify.perturb import PERTURBED_OPS, pattern
+import secrets
+
+from .protocol import Call
 from .sandbox import UID_BASE, Limits, MemoryCgroup, count_processes, default_total_mb
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
 DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
 STOP_GRACE_S = 3.0       # SIGTERM to the leader, then SIGKILL
-MAX_LINE = 4 << 20       # one protocol message
-MAX_PROTOCOL = 16 << 20  # all protocol messages of one rank
+MAX_LINE = 80 << 20      # one protocol message (a tensor of protocol.MAX_ELEMENTS values, base64)
+MAX_PROTOCOL = 96 << 20  # all protocol messages of one rank (values are capped at protocol.BUDGET_BYTES)
 
 
 BASE_PREFIX = "grader-runs-"
@@ -57,19 +59,25 @@ class RunRequest:
     world_size: int
     source: str
     filename: str
+    entry: str = "run_worker"             # the function each rank calls: entry(rank, world_size)
+    quantities: tuple[str, ...] = ()      # what each rank reports: returned values or final locals
     backend: str = "gloo"                 # "gloo" or "nccl"
-    perturb: tuple[str, ...] = ()         # collective families whose data is perturbed (perturb.py)
-    seeds: list[int] = field(default_factory=list)
+    perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data is perturbed
     label: str = ""
+    preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (static.imports)
+
+    def perturbs(self, op: str) -> bool:
+        return op in self.perturb
 
 
 @dataclass
 class RankRecord:
     rank: int
     ready: bool = False
-    calls: list[dict] = field(default_factory=list)     # enter/exit events, in order
-    inside: dict | None = None                          # the collective entered and not yet left
-    snapshot: dict | None = None                        # last locals snapshot (perturbed runs)
+    calls: list[Call] = field(default_factory=list)     # every operation, in the order it was entered
+    blocked: int | None = None                          # the operation the rank waits on (its seq)
+    events: int = 0                                     # messages received so far (orders calls and completions)
+    snapshot: dict = field(default_factory=dict)        # entry-function tensors as of its last operation
     result: dict | None = None
     notes: list[str] = field(default_factory=list)
     setup_error: str | None = None
@@ -92,6 +100,14 @@ class RankRecord:
     def output_text(self) -> str:
         return self.output.decode("utf-8", "replace")
 
+    @property
+    def inside(self) -> Call | None:
+        """The operation this rank is blocked in, if it is."""
+        if self.blocked is None or self.blocked >= len(self.calls):
+            return None
+        call = self.calls[self.blocked]
+        return None if call.completed else call
+
 
 @dataclass
 class RunOutcome:
@@ -101,9 +117,21 @@ class RunOutcome:
     stop_rank: int | None = None
     elapsed: float = 0.0
     error: str | None = None
+    seeds: dict = field(default_factory=dict)  # (rank, seq) -> seed of that call's deltas (perturbed runs)
     processes: int | None = None  # processes of the run's uid when it was stopped (root mode only)
     process_limit_hit: bool = False
     oom_killed: bool = False      # the kernel killed a rank of this run for the grader's total memory
+
+
+def _p2p_can_progress(ranks: list[RankRecord]) -> bool:
+    """Some pending send has a pending matching receive (or the reverse): the exchange may complete."""
+    pending = [call for rec in ranks for call in rec.calls if not call.completed and call.op in ("send", "recv")]
+    sends = {(c.rank, c.peer, c.tag) for c in pending if c.op == "send"}
+    for c in pending:
+        if c.op == "recv" and ((c.peer, c.rank, c.tag) in sends
+                               or (c.peer is None and any(s[1] == c.rank for s in sends))):
+            return True
+    return False
 
 
 class _Run:
@@ -292,8 +320,9 @@ class Runner:
             for fd in (spec_w, res_r, out_r):
                 os.set_blocking(fd, False)
             spec = {"rank": r, "world_size": request.world_size, "source": request.source,
-                    "filename": request.filename, "backend": request.backend, "perturb": list(request.perturb),
-                    "store": f"{cwd}/.store", "timeout": self.limits.wall_s}
+                    "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
+                    "backend": request.backend, "perturb": bool(request.perturb),
+                    "store": {"kind": "file", "path": f"{cwd}/.store"}, "timeout": self.limits.wall_s}
             run.pending[spec_w] = memoryview((json.dumps(spec) + "\n").encode())
             run.spec_fd[r] = spec_w
             run.fd_role.update({spec_w: ("spec", r), res_r: ("result", r), out_r: ("output", r)})
@@ -306,7 +335,7 @@ class Runner:
         req = {"id": self._ids, "world_size": request.world_size, "uid": uid, "cwd": cwd,
                "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
                "limits": asdict(self.limits), "cuda": request.backend == "nccl",
-               "cgroup": self.cgroup.procs if self.cgroup is not None else None}
+               "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
             data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
@@ -376,18 +405,15 @@ class Runner:
             self._sel.register(fd, selectors.EVENT_WRITE, run)
             run.writing.add(fd)
 
-    def _answer_delta(self, run: _Run, rank: int, msg: dict) -> None:
-        """A rank entered a collective in a perturbed run: send it this call's deltas (see perturb.py).
-        The seeds never leave the supervisor."""
-        op, n = msg.get("op"), msg.get("n")
-        family = PERTURBED_OPS.get(op)
-        if family is None or family not in run.request.perturb:
-            return
-        arg = ((msg.get("args") or {}).get("tensor" if op in ("all_reduce", "all_gather") else "input_tensor")) or {}
-        values = None
-        if isinstance(arg, dict) and isinstance(arg.get("numel"), int) and isinstance(n, int):
-            values = pattern(run.request.seeds[rank], op, n, arg["numel"], str(arg.get("dtype", "")))
-        self._send_control(run, rank, {"op": op, "n": n, "values": values})
+    def _answer_seed(self, run: _Run, rank: int, call: Call) -> None:
+        """A rank entered an operation that sends data in a perturbed run: answer with a fresh seed for
+        this call's deltas, or none when this operation is not perturbed (see verify/perturb.py). The
+        seeds never leave the supervisor before their operation runs."""
+        seed = secrets.randbits(62) if run.request.perturbs(call.op) else None
+        if seed is not None:
+            run.outcome.seeds[(rank, call.seq)] = seed
+            call.seed = seed
+        self._send_control(run, rank, {"seq": call.seq, "seed": seed})
 
     def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
         try:
@@ -417,30 +443,51 @@ class Runner:
                 run.set_stop("grader_error")
             return
         record = run.outcome.ranks[r]
-        if kind == "enter":
-            record.calls.append(msg)
-            record.inside = msg
-            if run.request.perturb:
-                self._answer_delta(run, r, msg)
-        elif kind == "exit":
-            record.calls.append(msg)
-            record.inside = None
+        record.events += 1
+        if kind == "call":
+            try:
+                call = Call.from_message(msg)
+            except (KeyError, TypeError, ValueError):
+                self._abort(run, "protocol", r)
+                return
+            if call.seq != len(record.calls):
+                self._abort(run, "protocol", r)
+                return
+            call.rank, call.entered_at = r, record.events
+            record.calls.append(call)
+            if run.request.perturb and call.sends:
+                self._answer_seed(run, r, call)
+        elif kind in ("complete", "wait"):
+            seq = msg.get("seq")
+            if not isinstance(seq, int) or not 0 <= seq < len(record.calls):
+                return
+            call = record.calls[seq]
+            if kind == "complete":
+                call.complete(msg)
+                call.completed_at = record.events
+                if record.blocked == seq:
+                    record.blocked = None
+            else:
+                call.waited = True
+                if not call.completed:
+                    record.blocked = seq
         elif kind == "snap":
-            record.snapshot = msg.get("locals")
+            if isinstance(msg.get("locals"), dict):
+                record.snapshot.update(msg["locals"])
         elif kind == "ready":
             record.ready = True
         elif kind == "note":
             record.notes.append(str(msg.get("what")))
         elif kind == "result" and record.result is None:
             record.result = msg
-            record.inside = None
+            record.blocked = None
             if msg.get("how") != "return" and run.failfast_at is None:
                 run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
         elif kind == "setup_error":
             record.setup_error = str(msg.get("error"))
             run.outcome.error = f"rank {r}: {record.setup_error}"
             run.set_stop("grader_error", r)
-        elif kind == "done":
+        elif kind == "end":
             record.done = True
 
     def _next_deadline(self, run: _Run) -> float:
@@ -475,13 +522,19 @@ class Runner:
 
     @staticmethod
     def _stuck(run: _Run) -> bool:
-        """Every unfinished rank waits inside a collective that cannot complete: some rank has finished,
-        or the ranks wait in different collectives (all_reduce on one, all_gather on another)."""
+        """Every unfinished rank waits on an operation that cannot complete: some rank has finished, the
+        ranks wait in different collectives (all_reduce on one, all_gather on another), or every rank
+        waits on point-to-point operations none of which the others' pending operations can match
+        (every rank blocked in a send, say: gloo does not buffer sends)."""
         ranks = run.outcome.ranks
         if not all(rec.finished or rec.inside is not None for rec in ranks):
             return False
-        waiting = {(rec.inside.get("op"), rec.inside.get("n")) for rec in ranks if not rec.finished}
-        return any(rec.finished for rec in ranks) or len(waiting) > 1
+        waiting = [rec.inside for rec in ranks if not rec.finished]
+        if any(rec.finished for rec in ranks):
+            return True
+        if all(call.op in ("send", "recv") for call in waiting):
+            return not _p2p_can_progress(ranks)
+        return len({(call.op, call.method, call.group) for call in waiting}) > 1
 
     def _stop(self, run: _Run) -> None:
         if run.stopping_since is None:
@@ -530,15 +583,17 @@ class Runner:
                 self._abort(run, "output_limit", r)
             return
         buf = run.buffers.setdefault(fd, bytearray())
+        scanned = len(buf)  # no newline before here: a long line is scanned once, not once per chunk
         buf += chunk
         if role == "result":
             run.outcome.ranks[r].protocol_bytes += len(chunk)
             if run.outcome.ranks[r].protocol_bytes > MAX_PROTOCOL:
                 self._abort(run, "protocol", r)
                 return
-        while (nl := buf.find(b"\n")) >= 0:
+        while (nl := buf.find(b"\n", scanned)) >= 0:
             line = bytes(buf[:nl])
             del buf[: nl + 1]
+            scanned = 0
             try:
                 message = json.loads(line)
             except ValueError:

@@ -1,7 +1,12 @@
-"""Static inspection of a submission: which collectives `run_worker` can reach, and its definitions.
+"""Static inspection of a submission: which operations the entry function can reach, and its definitions.
 
 Pure `ast`, no torch: it runs in the supervisor (for the static checks) and in every rank (to load
 only the submission's definitions, never its top-level launch calls such as `test_distributed()`).
+An operation is reached through any form that names it (comm.API_NAMES): an attribute, an alias, a
+from-import, `getattr(module, "name")`, `functools.partial(...)`, a lambda, a helper function or
+method of the submission, functional collectives, `torch.distributed.nn.functional`, the
+`_into_tensor` / `_single` / `_base` variants, or a process group's own method. Dead code (`if False:`,
+code after `return`) counts for nothing.
 """
 from __future__ import annotations
 
@@ -9,13 +14,14 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
+from ..comm import API_NAMES
+
 ENTRY = "run_worker"
-DIST = "torch.distributed"
-# Fully qualified names a collective may be reached through.
-COLLECTIVES = {
-    "all_reduce": {f"{DIST}.all_reduce", f"{DIST}.distributed_c10d.all_reduce"},
-    "all_gather": {f"{DIST}.all_gather", f"{DIST}.distributed_c10d.all_gather"},
-}
+# Process-group methods whose names say what they are (`send`, `reduce` ... are too common a word).
+GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
+                 "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+                 "reduce_scatter_tensor_coalesced": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+                 "alltoall": "all_to_all", "alltoall_base": "all_to_all"}
 # Calls that start processes: a top-level assignment that makes one is a launch, not a definition.
 LAUNCHERS = {"spawn", "start_processes", "Process", "Popen", "system", "fork", "run", "call",
              "check_call", "check_output", "launch", "elastic_launch"}
@@ -27,8 +33,9 @@ class StaticReport:
     has_entry: bool = False
     entry_line: int | None = None
     entry_params: int = 0
-    reached: dict[str, list[int]] = field(default_factory=dict)  # collective -> lines of reaching calls
-    todo_left: bool = False          # run_worker still raises NotImplementedError (the stub)
+    reached: dict[str, list[int]] = field(default_factory=dict)  # operation -> lines of reaching references
+    todo_left: bool = False          # the entry function still raises NotImplementedError (the stub)
+    torch_modules: list[str] = field(default_factory=list)  # torch modules the submission names (preloaded)
 
 
 def _const_truth(test: ast.expr) -> bool | None:
@@ -139,8 +146,8 @@ def _is_not_implemented_raise(stmt: ast.stmt) -> bool:
     return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
-def inspect_source(tree: ast.Module) -> StaticReport:
-    """Find `run_worker` and the collectives it reaches through calls into the submission's own code."""
+def inspect_source(tree: ast.Module, entry_name: str = ENTRY) -> StaticReport:
+    """Find the entry function and the operations it reaches, also through the submission's own code."""
     report = StaticReport()
     module_scope = _Scope()
     functions: dict[str, ast.AST] = {}
@@ -148,7 +155,8 @@ def inspect_source(tree: ast.Module) -> StaticReport:
         module_scope.bind(stmt)
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             functions[stmt.name] = stmt
-    entry = functions.get(ENTRY)
+    report.torch_modules = _torch_modules(tree)
+    entry = functions.get(entry_name)
     if not isinstance(entry, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return report
     report.has_entry = True
@@ -156,8 +164,9 @@ def inspect_source(tree: ast.Module) -> StaticReport:
     report.entry_params = len(entry.args.posonlyargs) + len(entry.args.args)
     report.todo_left = any(_is_not_implemented_raise(s) for s in _live_statements(entry.body))
 
-    reached: dict[str, set[int]] = {name: set() for name in COLLECTIVES}
+    reached: dict[str, set[int]] = {}
     visited: set[int] = set()
+    module_values = _values_reaching(list(_live_statements(tree.body)), module_scope)
 
     def walk(fn: ast.AST, parent_scope: _Scope) -> None:
         if id(fn) in visited:
@@ -171,12 +180,15 @@ def inspect_source(tree: ast.Module) -> StaticReport:
                 scope.bind(node)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
                 local_defs[node.name] = node
+        local_values = _values_reaching([n for n in nodes if isinstance(n, ast.stmt) and n is not fn], scope)
         for node in nodes:
-            if isinstance(node, ast.Call):
-                qualified = scope.qualify(node.func)
-                for name, targets in COLLECTIVES.items():
-                    if qualified in targets:
-                        reached[name].add(node.lineno)
+            op = _names_op(node, scope)
+            if op is not None:
+                reached.setdefault(op, set()).add(node.lineno)
+            # a name bound to something that reaches an operation (`reduce = functools.partial(dist.all_reduce)`)
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                for op in local_values.get(node.id) or module_values.get(node.id, ()):
+                    reached.setdefault(op, set()).add(node.lineno)
             # A reference to a function of the submission (called, or passed as a callback) reaches it.
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 target = local_defs.get(node.id) or functions.get(node.id)
@@ -186,6 +198,55 @@ def inspect_source(tree: ast.Module) -> StaticReport:
     walk(entry, module_scope)
     report.reached = {name: sorted(lines) for name, lines in reached.items() if lines}
     return report
+
+
+def _values_reaching(statements: list, scope: _Scope) -> dict[str, set[str]]:
+    """Names assigned a value that names an operation: a partial, a lambda, a dict of collectives ..."""
+    out: dict[str, set[str]] = {}
+    for stmt in statements:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            ops = {op for sub in ast.walk(stmt.value) if (op := _names_op(sub, scope)) is not None}
+            if ops:
+                out.setdefault(stmt.targets[0].id, set()).update(ops)
+    return out
+
+
+def _names_op(node: ast.AST, scope: _Scope) -> str | None:
+    """The operation a node names: a reference to a public API (any use: a call, a callback, a partial),
+    `getattr(module, "name")` with a constant, or a process group's own method."""
+    if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+        qualified = scope.qualify(node)
+        if qualified in API_NAMES:
+            return API_NAMES[qualified]
+        if isinstance(node, ast.Attribute) and node.attr in GROUP_METHODS:
+            return GROUP_METHODS[node.attr]
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        base = scope.qualify(node.args[0])
+        if base is not None:
+            return API_NAMES.get(f"{base}.{node.args[1].value}")
+    return None
+
+
+def _torch_modules(tree: ast.Module) -> list[str]:
+    """torch modules the submission imports or names (`torch.distributed._functional_collectives`,
+    `dist.nn.functional`): the zygote imports them before forking the ranks."""
+    found: set[str] = set()
+    aliases = _Scope()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            aliases.bind(node)
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found.update(n for n in names if n.startswith("torch."))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            qualified = aliases.qualify(node)
+            if qualified and qualified.startswith("torch."):
+                parts = qualified.split(".")
+                found.update(".".join(parts[:k]) for k in range(2, len(parts)))
+    return sorted(found)[:48]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,30 +318,41 @@ def definitions_only(tree: ast.Module) -> ast.Module:
 # ---------------------------------------------------------------------------------------------
 # Diagnostics: mistakes visible in the source (used only to explain a failed check).
 
-def assigned_results(tree: ast.Module) -> dict[str, list[int]]:
-    """Collectives whose return value is assigned (`t = dist.all_reduce(t)`) without async_op=True.
-
-    Collectives work in place and return None (a work handle only with async_op=True), so the
-    assigned name ends up None. Maps collective -> lines.
-    """
+def assigned_results(tree: ast.Module) -> list[tuple[str, int]]:
+    """Operations of torch.distributed whose return value is assigned (`t = dist.all_reduce(t)`) without
+    async_op=True: they work in place and return None, so the name ends up None. (operation, line) pairs."""
     scope = _Scope()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign)):
             scope.bind(node)
-    found: dict[str, set[int]] = {}
+    found = set()
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or not isinstance(node.value, ast.Call):
             continue
         call = node.value
-        qualified = scope.qualify(call.func)
-        for name, targets in COLLECTIVES.items():
-            if qualified not in targets:
-                continue
-            async_op = next((k.value for k in call.keywords if k.arg == "async_op"), None)
-            if async_op is None and len(call.args) > 3:  # all_reduce(t, op, group, async_op)
-                async_op = call.args[3]
-            if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-                continue  # *args / **kwargs: cannot tell
-            if async_op is None or isinstance(async_op, ast.Constant) and async_op.value is False:
-                found.setdefault(name, set()).add(node.lineno)
-    return {name: sorted(lines) for name, lines in found.items()}
+        qualified = scope.qualify(call.func) or ""
+        op = API_NAMES.get(qualified)
+        if op is None or not qualified.startswith(("torch.distributed.all", "torch.distributed.reduce",
+                                                   "torch.distributed.broadcast", "torch.distributed.distributed_c10d.")):
+            continue
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            continue  # *args / **kwargs: cannot tell
+        async_op = next((k.value for k in call.keywords if k.arg == "async_op"), None)
+        if async_op is None and len(call.args) > 3:  # all_reduce(t, op, group, async_op)
+            async_op = call.args[3]
+        if async_op is None or isinstance(async_op, ast.Constant) and async_op.value is False:
+            found.add((op, node.lineno))
+    return sorted(found)
+
+
+def parse_source(source: str, filename: str):
+    """(tree, None), or (None, problem) for source that does not parse: a syntax error, or an expression
+    too deep for the parser (the student's verdict, never the grader's failure)."""
+    from .load import Problem
+    try:
+        return ast.parse(source, filename), None
+    except (SyntaxError, ValueError) as err:
+        return None, Problem("static.syntax_error", {"line": getattr(err, "lineno", "?") or "?",
+                                                     "message": getattr(err, "msg", str(err))})
+    except (RecursionError, MemoryError) as err:
+        return None, Problem("static.syntax_error", {"line": "?", "message": type(err).__name__})

@@ -1,8 +1,9 @@
 """Name the cause of a failure in the student's terms, from what the ranks reported.
 
-Each function reads plain observations (a tensor description, a rank's call log, a run's stop) and
-returns catalog keys with their values (model.Note). verify.py decides pass or fail; this module only
-explains. Keys are documented in messages.py.
+Each function reads plain observations (a reported value, a rank's operations, a run's stop) and returns
+catalog keys with their values (model.Note). judge.py decides pass or fail; this module only explains.
+The causes are generic: they speak of the exercise's quantities through the exercise's own labels, of
+operations by the name the student called, and of the way the exercise combines the ranks' data.
 """
 from __future__ import annotations
 
@@ -10,32 +11,32 @@ import ast
 import functools
 import signal
 
-from ..submission import static
-from ..checks import FEATURE_NUMEL, GRADIENT_NUMEL, expected_gradient
+import numpy as np
+
 from ..model import Note, Outcome
+from ..processes.protocol import Call
 from ..processes.runner import RankRecord, RunOutcome
+from .observe import Value
 
-FLOAT_DTYPES = {"torch.float16", "torch.bfloat16", "torch.float32", "torch.float64"}
 
-
-def close(a: float, b: float, dtype: str) -> bool:
+def close(a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
     if dtype in ("torch.float16", "torch.bfloat16"):
-        return abs(a - b) <= 2e-2 + 1e-2 * abs(b)
-    return abs(a - b) <= 1e-6 + 1e-5 * abs(b)
+        return np.abs(a - b) <= 2e-2 + 1e-2 * np.abs(b)
+    return np.abs(a - b) <= 1e-6 + 1e-5 * np.abs(b)
 
 
-def all_close(values: list, expected: list, dtype: str) -> bool:
-    return len(values) == len(expected) and all(close(float(v), e, dtype) for v, e in zip(values, expected))
+def all_close(values: np.ndarray | None, expected: np.ndarray, dtype: str) -> bool:
+    return values is not None and values.shape == expected.shape and bool(np.all(close(values, expected, dtype)))
 
 
-def preview(values: list | None, runs: int = 4) -> str:
+def preview(values, runs: int = 4) -> str:
     """The first values, run-length encoded: `[1.5 x1024]`, `[0 x128, 1 x128]`, `[3, 1, 2, ...]`."""
-    if not values:
+    if values is None or len(values) == 0:
         return "[]"
-    groups: list[list] = []
-    for v in values:
+    groups: list = []
+    for v in np.asarray(values, dtype=np.float64).reshape(-1)[:4096]:
         v = float(v)
-        if groups and groups[-1][0] == v:
+        if groups and (groups[-1][0] == v or (np.isnan(v) and np.isnan(groups[-1][0]))):
             groups[-1][1] += 1
         else:
             if len(groups) == runs:
@@ -46,38 +47,40 @@ def preview(values: list | None, runs: int = 4) -> str:
     return f"[{shown}]"
 
 
-def _calls(record: RankRecord, op: str) -> list[dict]:
-    return [c for c in record.calls if c.get("t") == "enter" and c.get("op") == op]
+def op_name(call: Call | None) -> str:
+    """The operation as the student wrote it: the public function they called, else the operation."""
+    if call is None:
+        return "-"
+    return call.api or call.op
 
 
 # ------------------------------------------------------------------------------------------------
 # Why a rank stopped
 
 def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | None:
-    """The reason this rank did not finish run_worker normally, or None if it did."""
+    """The reason this rank did not finish the entry function normally, or None if it did."""
     r = record.rank
     result = record.result
     if result is not None:
         how = result.get("how")
         error = result.get("error") or {}
         if how == "load_error":
-            return Outcome.LOAD_ERROR, Note("fail.load_error", {"rank": r, **_error_params(error)})
+            return Outcome.LOAD_ERROR, Note("fail.load_error", {"rank": r, **error_params(error)})
         if how == "exit":
             return Outcome.EARLY_EXIT, Note("fail.sys_exit", {"rank": r, "code": error.get("message", "")})
         if how == "raise":
             kind = error.get("type", "")
             message = error.get("message", "")
-            inside = _failed_collective(record)
-            if inside is not None and "Timed out" in (inside.get("error") or ""):
-                # the collective's own timeout fired first: a rank waited for others that never came
-                return Outcome.TIMEOUT, Note("fail.timeout_inside", {"rank": r, "op": inside["op"], "n": int(inside["n"]) + 1})
+            failed = failed_call(record)
+            if failed is not None and "timed out" in (failed.error or "").lower():
+                return Outcome.TIMEOUT, Note("fail.timeout_inside", {"rank": r, "op": op_name(failed), "n": failed.seq + 1})
             if kind == "NotImplementedError":
                 return Outcome.TODO, Note("fail.todo", {"rank": r})
             if kind == "MemoryError" or "can't allocate memory" in message or "Cannot allocate memory" in message:
                 return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
             if kind == "BlockingIOError" or "Resource temporarily unavailable" in message:
                 return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
-            return Outcome.EXCEPTION, Note("fail.exception", {"rank": r, **_error_params(error)})
+            return Outcome.EXCEPTION, Note("fail.exception", {"rank": r, **error_params(error)})
         return None
     if run.stop == "output_limit" and run.stop_rank == r:
         return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
@@ -107,29 +110,32 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     return Outcome.GRADER_ERROR, Note("fail.grader", {"rank": r})
 
 
-def _failed_collective(record: RankRecord) -> dict | None:
-    """The exit event of the collective the rank's exception came out of, if it came out of one."""
-    last = record.calls[-1] if record.calls else None
-    if last is not None and last.get("t") == "exit" and not last.get("ok"):
-        return last
+def failed_call(record: RankRecord) -> Call | None:
+    """The last operation of the rank, if it completed with an error (the exception came out of it)."""
+    for call in reversed(record.calls):
+        if call.completed and not call.ok:
+            return call
+        if call.completed:
+            return None
     return None
 
 
-def last_collective(record: RankRecord, failure: Note) -> list[Note]:
-    """Where a rank was in its collectives when it failed (timeouts and deadlocks say it already)."""
+def last_call(record: RankRecord, failure: Note) -> list[Note]:
+    """Where a rank was in its operations when it failed (timeouts and deadlocks say it already)."""
     if failure.key.startswith(("fail.timeout", "fail.deadlock", "fail.stopped", "fail.grader")):
         return []
-    enters = [c for c in record.calls if c.get("t") == "enter"]
-    if not enters:
+    if not record.calls:
         return [Note("detail.no_collective", {"rank": record.rank})]
-    last = enters[-1]
-    return [Note("detail.last_collective", {"rank": record.rank, "op": last.get("op"), "n": int(last.get("n", 0)) + 1})]
+    last = record.calls[-1]
+    return [Note("detail.last_collective", {"rank": record.rank, "op": op_name(last), "n": last.seq + 1,
+                                            "line": last.line or "?"})]
 
 
 def _where(record: RankRecord, key: str) -> Note:
-    if record.inside is not None:
-        return Note(key + "_inside", {"rank": record.rank, "op": record.inside.get("op"),
-                                      "n": int(record.inside.get("n", 0)) + 1})
+    inside = record.inside
+    if inside is not None:
+        return Note(key + "_inside", {"rank": record.rank, "op": op_name(inside), "n": inside.seq + 1,
+                                      "line": inside.line or "?"})
     return Note(key + "_outside", {"rank": record.rank})
 
 
@@ -140,140 +146,184 @@ def _signal_name(sig: int) -> str:
         return str(sig)
 
 
-def _error_params(error: dict) -> dict:
-    frames = error.get("frames") or []
-    where = "; ".join(f"line {f['line']} in {f['function']}: {f['text']}" for f in frames[-3:])
+def error_params(error: dict) -> dict:
+    """An exception as the report shows it: its type, message and the student's frames (structured: the
+    catalog words the frame, so a Chinese report is Chinese throughout)."""
+    frames = [f for f in error.get("frames") or [] if isinstance(f, dict)][-3:]
     return {"type": error.get("type", "?"), "message": (error.get("message") or "")[:300],
-            "where": where or "-"}
+            "frames": [{"line": f.get("line"), "function": f.get("function"), "text": f.get("text", "")} for f in frames]}
 
 
 # ------------------------------------------------------------------------------------------------
 # Why a value is wrong
 
-def wrong_gradient(desc: dict, ws: int, record: RankRecord) -> list[Note]:
-    values = desc.get("values") or []
-    dtype = desc.get("dtype", "")
-    expected = expected_gradient(ws)
-    notes = []
-    if dtype not in FLOAT_DTYPES:
-        if _is_integer(dtype):
-            notes.append(Note("cause.integer_dtype", {"dtype": dtype}))  # the values say nothing more
-    elif values and all(close(float(v), expected * ws, dtype) for v in values):
-        notes.append(Note("cause.summed_not_averaged", {"ws": ws}))
-    elif values and all(close(float(v), record.rank + 1, dtype) for v in values):
-        if not _failed_inside(record, "all_reduce"):  # a collective that raised leaves the input as it was
-            notes.append(Note("cause.unchanged", {"op": "all_reduce"}))
-    elif values and _looks_hardcoded(values, ws, dtype):
-        notes.append(Note("cause.hardcoded_ws", {}))
-    if _calls(record, "reduce") and not _calls(record, "all_reduce"):
-        notes.append(Note("cause.reduce_not_all_reduce", {}))
-    return notes
-
-
-def _is_integer(dtype: str | None) -> bool:
-    return bool(dtype) and dtype.startswith(("torch.int", "torch.uint"))
-
-
-def _looks_hardcoded(values: list, ws: int, dtype: str) -> bool:
-    total = sum(range(1, ws + 1))
-    return any(all(close(float(v), total / k, dtype) for v in values) for k in range(1, 9) if k != ws)
-
-
-def wrong_feature(desc: dict, ws: int, record: RankRecord) -> list[Note]:
-    notes = []
-    shape = desc.get("shape") or []
-    if _is_integer(desc.get("dtype")):
-        notes.append(Note("cause.feature_integer_dtype", {"dtype": desc.get("dtype")}))
-    if shape == [ws, FEATURE_NUMEL]:
-        notes.append(Note("cause.stack_not_cat", {"shape": shape}))
-    notes += gather_list_causes(record, ws)
-    values = desc.get("values") or []
-    if values and len(values) == ws * FEATURE_NUMEL and all(float(v) == float(ws - 1) for v in values) and ws > 1:
-        if not any(n.key == "cause.shared_buffers" for n in notes):
-            notes.append(Note("cause.shared_buffers", {}))
-    return notes
-
-
-def gather_list_causes(record: RankRecord, ws: int) -> list[Note]:
-    """What the all_gather calls of a rank got wrong about their output list (from the call log)."""
-    notes = []
-    for call in _calls(record, "all_gather"):
-        out = (call.get("args") or {}).get("tensor_list") or {}
-        if out.get("len") is not None and out["len"] != ws:
-            notes.append(Note("cause.gather_list_size", {"got": out["len"]}))
-        elif out.get("distinct") is not None and out["distinct"] < out.get("len", 0):
-            notes.append(Note("cause.shared_buffers", {}))
-    return notes
-
-
-def call_causes(record: RankRecord, family: str, ws: int) -> list[Note]:
-    """Mistakes the call log shows whatever became of the value (it may never have been returned)."""
-    if family == "all_gather":
-        return gather_list_causes(record, ws)
-    notes = []
-    for call in _calls(record, "all_reduce"):
-        dtype = ((call.get("args") or {}).get("tensor") or {}).get("dtype")
-        if _is_integer(dtype):
-            notes.append(Note("cause.integer_dtype", {"dtype": dtype}))
+def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord, others: dict,
+                 source: str, exercise) -> list[Note]:
+    """`source`: the submission's text (some causes hold only if the source shows them)."""
+    """Mistakes a wrong value shows, in the exercise's terms. `others`: the rank's other quantities."""
+    label = {"quantity": quantity.name}
+    notes: list[Note] = []
+    expected = quantity.expected_array(rank, ws)
+    shape = quantity.expected_shape(ws)
+    data = value.data
+    calls = [c for c in record.calls if not quantity.through or c.op in quantity.through]
+    if value.dtype and not value.floating and value.dtype.startswith(("torch.int", "torch.uint", "torch.bool")):
+        notes.append(Note("cause.integer_dtype", {**label, "dtype": value.dtype}))
+    for call in calls:
+        if call.reduce not in (None, "SUM", "AVG"):
+            notes.append(Note("cause.reduce_op", {**label, "op": op_name(call), "reduce": call.reduce, "line": call.line or "?"}))
             break
-    if _calls(record, "reduce") and not _calls(record, "all_reduce"):
-        notes.append(Note("cause.reduce_not_all_reduce", {}))
+    if data is not None and data.size == expected.size and value.floating:
+        if quantity.combine == "mean":
+            if all_close(data, expected * ws, value.dtype):
+                notes.append(Note("cause.summed_not_averaged", {**label, "ws": ws}))
+            elif all_close(data, expected / ws, value.dtype):
+                avg = any(c.reduce == "AVG" for c in calls)
+                notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
+            elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
+                notes.append(Note("cause.floor_division", {**label}))
+        if all_close(data, quantity.local_array(rank, ws) if quantity.local else expected * np.nan, value.dtype) \
+                and not all_close(data, expected, value.dtype):
+            notes.append(Note("cause.unchanged", {**label, "op": op_name(calls[0]) if calls else "-"}))
+        k = _hardcoded(quantity, data, ws, value.dtype, source)
+        if k is not None:
+            notes.append(Note("cause.hardcoded_ws", {**label, "k": k}))
+    if data is not None and value.shape and list(value.shape) != shape:
+        if quantity.combine == "concat" and list(value.shape) == [ws, int(np.prod(shape)) // ws]:
+            notes.append(Note("cause.stack_not_cat", {**label, "shape": value.shape}))
+    if quantity.combine == "concat" and data is not None and data.size == expected.size and ws > 1:
+        last = quantity.local_array(ws - 1, ws)
+        if all_close(data, np.tile(last, ws), value.dtype) and not all_close(data, expected, value.dtype):
+            notes.append(Note("cause.shared_buffers", {**label}))
+    for name, other in others.items():
+        if name == quantity.name or other is None or other.data is None or data is None:
+            continue
+        theirs = exercise.quantity(name).expected_array(rank, ws)
+        if data.size == theirs.size and all_close(data, theirs, value.dtype):
+            notes.append(Note("cause.swapped", {**label, "other": name}))
+    if _read_before_wait(calls, data):
+        notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
+    notes += contribution_causes(quantity, ws, record, calls)
+    if exercise.diagnose is not None:
+        try:
+            extra = exercise.diagnose(quantity.name, data, ws, rank, {"calls": record.calls, "value": value}) or []
+        except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
+            extra = []
+        notes += [Note(key, dict(params)) for key, params in extra]
     return notes
 
 
-def _failed_inside(record: RankRecord, op: str) -> bool:
-    return any(c.get("t") == "exit" and c.get("op") == op and not c.get("ok") for c in record.calls)
+def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]) -> list[Note]:
+    """A collective the quantity goes through, fed with something other than the rank's own data."""
+    if quantity.local is None or quantity.combine == "custom":
+        return []
+    local = quantity.local_array(record.rank, ws)
+    for call in calls:
+        if not call.sends or call.op not in ("all_reduce", "all_gather", "reduce_scatter", "reduce", "gather"):
+            continue
+        sent = [v for v in call.sent_values() if v is not None]
+        if not sent:
+            continue
+        flat = np.concatenate(sent)
+        if flat.size == local.size and not all_close(flat, local, "torch.float64") \
+                and not all_close(flat, local / ws, "torch.float64"):
+            return [Note("cause.contribution", {"quantity": quantity.name, "rank": record.rank, "op": op_name(call),
+                                                "line": call.line or "?", "sent": preview(flat), "own": preview(local)})]
+    return []
 
 
-def _signature(call: dict) -> str:
-    """A collective as the ranks must agree on it: its name and the sizes it moves."""
-    args = call.get("args") or {}
-    sizes = [str(a["numel"]) if "numel" in a else f"{a['len']}x" for a in args.values()
-             if isinstance(a, dict) and ("numel" in a or "len" in a)]
-    return f"{call['op']}({', '.join(sizes)})" if sizes else call["op"]
+def _read_before_wait(calls: list[Call], data) -> bool:
+    """An async operation whose result was read before its wait(): the value still holds the buffer's
+    contents from before the operation (zeros, typically)."""
+    asyncs = [c for c in calls if c.async_op]
+    return bool(asyncs) and data is not None and data.size > 0 and bool(np.all(data == 0))
+
+
+def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str) -> int | None:
+    """The value is what another world size k would give, and k is written as a constant in the source."""
+    constants = _constants(source)
+    for k in range(1, 9):
+        if k == ws or k not in constants:
+            continue
+        if quantity.combine == "mean":
+            guess = np.sum([quantity.local_array(q, ws) for q in range(ws)], axis=0) / k
+            if guess.size == data.size and all_close(data, guess, dtype):
+                return k
+    return None
+
+
+@functools.lru_cache(maxsize=16)
+def _constants_cached(source: str) -> frozenset:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    return frozenset(int(n.value) for n in ast.walk(tree)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)
+                     and float(n.value).is_integer() and 0 < n.value < 64)
+
+
+def _constants(source: str) -> frozenset:
+    return _constants_cached(source)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the operations show, whatever became of the value
+
+def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
+    notes = []
+    for call in record.calls:
+        if call.op in quantity.through and call.op in ("all_gather", "gather") and call.receives:
+            count = len(call.outputs or [])
+            if count > 1 and count != ws:
+                notes.append(Note("cause.gather_list_size", {"got": count, "op": op_name(call)}))
+                break
+        if call.error and "invalid output tensor list" in call.error:
+            notes.append(Note("cause.gather_list_size", {"got": "?", "op": op_name(call)}))
+            break
+    return notes
+
+
+def _signature(call: Call) -> str:
+    """An operation as the ranks must agree on it: its name and the sizes it moves."""
+    sizes = [str(int(d.get("numel") or 0)) for d in (call.inputs or [])] or [str(int(d.get("numel") or 0)) for d in (call.outputs or [])]
+    return f"{op_name(call)}({', '.join(sizes)})"
 
 
 def _own_fault_outside(run: RunOutcome, record: RankRecord) -> bool:
-    """The rank stopped for a reason of its own away from any collective (an exception, an exit, a loop)."""
     result = record.result
     if result is not None and result.get("how") in ("raise", "exit", "load_error"):
-        return _failed_collective(record) is None
+        return failed_call(record) is None
     return result is None and record.inside is None and run.stop == "timeout"
 
 
 def mismatched_calls(run: RunOutcome) -> Note | None:
     """Ranks that called different collectives, or in a different order or size (gloo may pair them
     silently, hang, or abort). Not said when a rank stopped on its own mistake outside the collectives:
-    then the other ranks' extra calls are a consequence, not the cause."""
-    sequences = [tuple(_signature(c) for c in rec.calls if c.get("t") == "enter") for rec in run.ranks]
+    then the other ranks' extra calls are a consequence, not the cause. Point-to-point operations
+    differ by design between ranks and are left out."""
+    sequences = [tuple(_signature(c) for c in rec.calls if c.op not in ("send", "recv")) for rec in run.ranks]
     if len(set(sequences)) <= 1:
         return None
     if any(_own_fault_outside(run, rec) for rec in run.ranks):
         return None
-    listing = "; ".join(f"rank {rec.rank}: {', '.join(seq) or '-'}" for rec, seq in zip(run.ranks, sequences))
-    return Note("cause.mismatch", {"calls": listing})
+    return Note("cause.mismatch", {"calls": [{"rank": rec.rank, "ops": list(seq)} for rec, seq in zip(run.ranks, sequences)]})
 
 
-def async_without_wait(record: RankRecord, family: str | None = None) -> bool:
-    """An async_op=True collective (of this family) whose wait() was never called."""
-    entered = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "enter" and (c.get("args") or {}).get("async_op")
-               and (family is None or c["op"] in FAMILY_OPS[family])}
-    left = {(c["op"], c["n"]) for c in record.calls if c.get("t") == "exit"}
-    return bool(entered - left)
-
-
-FAMILY_OPS = {"all_reduce": ("all_reduce", "reduce"), "all_gather": ("all_gather", "all_gather_into_tensor", "_all_gather_base")}
-EXPECTED_SHAPES = {"gradient": lambda ws: [GRADIENT_NUMEL], "full_feature": lambda ws: [ws * FEATURE_NUMEL]}
+def async_without_wait(calls: list[Call]) -> Call | None:
+    """An operation started with async_op=True whose handle was never waited on."""
+    return next((c for c in calls if c.async_op and not c.waited), None)
 
 
 @functools.lru_cache(maxsize=8)
-def _assigned(source: str) -> dict:
+def _assigned(source: str) -> tuple:
+    from ..submission import static
     try:
-        return static.assigned_results(ast.parse(source))
-    except (SyntaxError, ValueError):
-        return {}
+        return tuple(static.assigned_results(ast.parse(source)))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
 
 
-def assigned_result(source: str, family: str) -> list[int]:
-    """Lines where the submission assigns what this collective returns (None, unless async_op=True)."""
-    return _assigned(source or "").get(family, [])
+def assigned_result(source: str, op: str) -> list[int]:
+    """Lines where the submission assigns what an in-place operation returns (None unless async_op)."""
+    return [line for name, line in _assigned(source or "") if name == op]

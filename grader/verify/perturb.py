@@ -1,38 +1,39 @@
-"""The secret perturbation added to what a rank sends through a collective in a perturbed run.
+"""The secret perturbation: what a perturbed run adds to each tensor a rank sends.
 
-Rank r adds pattern(seed_r, op, k) to its contribution to its k-th call of `op`. The seeds stay in the
-supervisor: when a rank enters the call, the runner answers with that call's deltas (runner.py), so no
-secret is in the rank before the collective runs. Values that really came through the collective move
-by a shift the supervisor computes from all the seeds (verify.py); numbers computed locally cannot move.
-Deltas are positive multiples of a power of two, so they add exactly and never cancel across ranks.
+In a perturbed run, when a rank enters an operation the supervisor answers with a fresh seed (the
+secret never sits in the rank before the operation runs), and the backend adds `delta_values(seed + k,
+...)` to its private copy of the k-th tensor the rank sends (processes/backend.py). What the network
+delivers then carries these deltas, and the supervisor, which keeps the seeds, knows them exactly:
+numbers computed locally never carry them. Deltas are positive multiples of a power of two, small
+enough to add exactly, and they never cancel across ranks.
 
-Pure Python, no torch: the supervisor never imports torch.
+numpy only: the supervisor never imports torch; the ranks call the same function.
 """
 from __future__ import annotations
 
-import random
+import numpy as np
 
-PERTURBED_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather",
-                 "all_gather_into_tensor": "all_gather", "_all_gather_base": "all_gather"}
-INT_DTYPES = {"torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64"}
+INT_DTYPES = {"torch.int16", "torch.int32", "torch.int64"}   # bytes (int8, uint8) carry pickled objects
 FLOAT_STEPS = {"torch.float64": 256, "torch.float32": 256, "torch.float16": 4, "torch.bfloat16": 4}
-PATTERN = 4096  # longer tensors repeat the pattern
 
 
-def pattern(seed: int, op: str, call: int, numel: int, dtype: str) -> list | None:
-    """The first min(numel, PATTERN) deltas; element i gets pattern[i % len(pattern)]. None: not perturbable."""
+def delta_values(seed: int, numel: int, dtype: str) -> np.ndarray | None:
+    """Deltas for one sent tensor of `numel` elements (float64), or None when the dtype is not perturbed."""
     if numel <= 0:
         return None
-    rng = random.Random(f"{seed}:{op}:{call}")
-    n = min(numel, PATTERN)
+    rng = np.random.Generator(np.random.PCG64(seed & ((1 << 63) - 1)))
     if dtype in INT_DTYPES:
-        return [rng.randrange(1, 8) for _ in range(n)]
+        return rng.integers(1, 8, size=numel).astype(np.float64)
     steps = FLOAT_STEPS.get(dtype)
     if steps is None:
         return None
-    return [rng.randrange(1, steps + 1) / steps for _ in range(n)]
+    return rng.integers(1, steps + 1, size=numel).astype(np.float64) / steps
 
 
-def expand(pat: list, numel: int) -> list:
-    reps = -(-numel // len(pat))
-    return (pat * reps)[:numel]
+def perturbable(dtype: str, numel: int) -> bool:
+    """The rule the backend applies (backend.perturbable): floats always; integers of more than one element
+    (a one-element integer is a count or a size: perturbing it changes what the program does, not what
+    it computes); never bytes (all_gather_object sends pickles in uint8 tensors)."""
+    if dtype in FLOAT_STEPS:
+        return True
+    return dtype in INT_DTYPES and numel > 1

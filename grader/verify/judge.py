@@ -1,0 +1,307 @@
+"""Policy: decide each runtime check of an exercise from the runs of one world size.
+
+Per world size the grader makes a perturbed run (perturb.py) and, unless that run alone proves every
+value (`proven`), a clean run. A value check passes when, on every rank, the value has the expected
+shape and a floating dtype, and provenance.Tracer proves it from what the communication delivered in a
+perturbed run (which also proves it right: each rank's own data, combined as the exercise says). When
+it does not, the clean run says what the student's code really computes: a wrong value (with its
+causes), the reason a rank stopped, or right numbers that did not come through the communication.
+
+Honest code that asserts its own expected values raises in the perturbed run; its values are read
+from the entry function's locals at the exception (or at its last operation, when another rank's
+exception left it waiting), so it still earns full marks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..comm import OPS
+from ..exercise.spec import Check, Exercise, Quantity
+from ..model import CheckResult, Note, Outcome
+from ..processes.runner import RankRecord, RunOutcome
+from . import diagnose
+from .observe import RunView, Value
+from .provenance import Proof, Tracer
+
+
+@dataclass
+class WorldSizeRuns:
+    world_size: int
+    clean: RunOutcome | None = None          # None: skipped, the perturbed run alone proved every value
+    perturbed: list[RunOutcome] = field(default_factory=list)  # every perturbed op first, then single ones
+
+
+class Judge:
+    """Decides an exercise's runtime checks; caches proofs (one per run, quantity and rank)."""
+
+    def __init__(self, exercise: Exercise, source: str):
+        self.exercise, self.source = exercise, source
+        self._views: dict[int, RunView] = {}
+        self._proofs: dict[tuple, Proof | None] = {}
+
+    def view(self, run: RunOutcome) -> RunView:
+        if id(run) not in self._views:
+            self._views[id(run)] = RunView(run)
+        return self._views[id(run)]
+
+    # -- values as reported
+    @staticmethod
+    def value(record: RankRecord, name: str) -> tuple[Value, bool]:
+        """A rank's value for a quantity, and whether it comes from the snapshot taken as the rank
+        entered its last operation (it never returned: another rank's failure left it waiting)."""
+        result = record.result
+        if result is not None and isinstance(result.get("values"), dict):
+            return Value.of(result["values"].get(name)), False
+        if result is not None:
+            return Value("missing"), False
+        return Value.of(record.snapshot.get(name)), True
+
+    def shape_ok(self, quantity: Quantity, value: Value, ws: int) -> tuple[Outcome, str | None]:
+        """Type, dtype and shape against the exercise (values aside)."""
+        if value.kind == "missing":
+            return Outcome.MISSING, None
+        if value.kind != "tensor":
+            return Outcome.BAD_TYPE, "detail.not_tensor"
+        if not value.plain:
+            return Outcome.BAD_TYPE, "detail.subclass"
+        if value.omitted in ("layout", "dtype") or not value.floating:
+            return Outcome.WRONG, "detail.dtype"
+        if list(value.shape or []) != quantity.expected_shape(ws):
+            return Outcome.WRONG, "detail.shape"
+        if value.data is None:
+            return Outcome.WRONG, "detail.unreadable"
+        return Outcome.PASS, None
+
+    def judge_clean(self, quantity: Quantity, value: Value, ws: int, rank: int) -> tuple[Outcome, str | None]:
+        outcome, detail = self.shape_ok(quantity, value, ws)
+        if outcome is not Outcome.PASS:
+            return outcome, detail
+        if not diagnose.all_close(value.data, quantity.expected_array(rank, ws), value.dtype):
+            return Outcome.WRONG, "detail.values"
+        return Outcome.PASS, None
+
+    def proof(self, run: RunOutcome, quantity: Quantity, rank: int) -> Proof | None:
+        """The provenance proof of this rank's value in a perturbed run; None: nothing to prove from
+        (no usable value, or the run did not perturb what the quantity comes through)."""
+        key = (id(run), quantity.name, rank)
+        if key in self._proofs:
+            return self._proofs[key]
+        proof = None
+        if run.stop != "grader_error" and any(run.request.perturbs(op) for op in quantity.through or OPS):
+            value, _ = self.value(run.ranks[rank], quantity.name)
+            if self.shape_ok(quantity, value, run.request.world_size)[0] is Outcome.PASS:
+                proof = Tracer(self.view(run), quantity, value.dtype).prove(rank, value.data)
+        self._proofs[key] = proof
+        return proof
+
+    def provenance(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> tuple[bool | None, Proof | None]:
+        """True with the proof; False with the most telling failed proof; None: nothing observed."""
+        failed = None
+        for run in runs.perturbed:
+            proof = self.proof(run, quantity, rank)
+            if proof is None:
+                continue
+            if proof.ok:
+                return True, proof
+            _, snapshot = self.value(run.ranks[rank], quantity.name)
+            if snapshot:
+                continue  # a value in the making (the rank never returned) proves nothing either way
+            failed = failed or proof
+        return (False, failed) if failed is not None else (None, None)
+
+    # -- whole runs
+    def proven(self, run: RunOutcome) -> bool:
+        """The perturbed run alone proves every provenance quantity on every rank, and no rank failed:
+        the clean run of this world size would only repeat the verdict, so the grader skips it."""
+        if run.stop != "completed":
+            return False
+        for record in run.ranks:
+            if diagnose.rank_failure(run, record) is not None:
+                return False
+            for quantity in self.exercise.quantities:
+                if not quantity.provenance:
+                    return False
+                proof = self.proof(run, quantity, record.rank)
+                if proof is None or not proof.ok:
+                    return False
+                if diagnose.async_without_wait(proof.calls) is not None:
+                    return False
+        return True
+
+    def unobserved(self, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
+        """Operations to perturb alone, for quantities whose clean value is right but which no perturbed
+        run could observe (an honest assert stopped it before the value was computed)."""
+        wanted = []
+        if runs.clean is None:
+            return wanted
+        for quantity in self.exercise.quantities:
+            if not quantity.provenance or not quantity.through:
+                continue
+            for record in runs.clean.ranks:
+                value, _ = self.value(record, quantity.name)
+                if self.judge_clean(quantity, value, runs.world_size, record.rank)[0] is not Outcome.PASS:
+                    continue
+                if self.provenance(runs, quantity, record.rank)[0] is None:
+                    if quantity.through not in wanted:
+                        wanted.append(quantity.through)
+                    break
+        return wanted
+
+    # -- checks
+    def evaluate(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
+        if check.kind == "value":
+            return self.evaluate_value(check, runs)
+        if check.kind == "uses":
+            return self.evaluate_uses(check, runs)
+        if check.kind == "traffic":
+            from .traffic import evaluate_traffic
+            return evaluate_traffic(self, check, runs)
+        return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": f"unknown check kind {check.kind}"})])
+
+    def evaluate_value(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
+        """One value check (a quantity at a world size), over every rank."""
+        quantity = self.exercise.quantity(check.quantity)
+        ws, run = runs.world_size, runs.clean
+        passed = Note("pass.value", {"quantity": quantity.name, "ops": _ops_text(quantity)})
+        if run is None:  # skipped: the perturbed run proved every rank's value
+            return CheckResult(check, Outcome.PASS, check.points, [passed])
+        if run.stop == "grader_error":
+            return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": run.error or ""})])
+        verdicts = []
+        for record in run.ranks:
+            verdicts.append(self._rank_verdict(quantity, runs, record))
+        failed = [v for v in verdicts if v[1] is not Outcome.PASS]
+        if not failed:
+            return CheckResult(check, Outcome.PASS, check.points, [passed])
+        # The check's verdict is the root cause: a rank stopped only because another failed defers to it.
+        primary = [v for v in failed if not any(n.key == "fail.stopped" for n in v[2])] or failed
+        outcome = primary[0][1]
+        details = [d for _, _, _, rank_details in failed for d in rank_details]
+        _drop_partial_unchanged(failed)
+        notes = [n for _, _, rank_notes, _ in failed for n in rank_notes]
+        mismatch = diagnose.mismatched_calls(run)
+        if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
+            notes.append(mismatch)
+        for op in quantity.through:
+            if diagnose.assigned_result(self.source, op):
+                notes.append(Note("cause.assigned_none", {"op": op}))
+        return CheckResult(check, outcome, notes=_unique_causes(notes), details=details)
+
+    def _rank_verdict(self, quantity: Quantity, runs: WorldSizeRuns, record: RankRecord):
+        ws, run = runs.world_size, runs.clean
+        value, from_snapshot = self.value(record, quantity.name)
+        outcome, detail = self.judge_clean(quantity, value, ws, record.rank)
+        failure = diagnose.rank_failure(run, record)
+        notes: list[Note] = []
+        details: list[Note] = []
+        label = {"rank": record.rank, "quantity": quantity.name}
+        if outcome is Outcome.MISSING:
+            if failure is not None:
+                outcome, note = failure
+                notes.append(note)
+                details.extend(diagnose.last_call(record, note))
+            else:
+                notes.append(Note("fail.missing", {**label, "entry": self.exercise.entry,
+                                                   "names": ", ".join(q.name for q in self.exercise.quantities),
+                                                   "returned": (record.result or {}).get("returned_type", "?")}))
+        elif outcome is not Outcome.PASS:
+            if failure is not None:  # a wrong value left behind by an exception: the exception is the news
+                outcome, note = failure
+                notes.append(note)
+                details.extend(diagnose.last_call(record, note))
+            if not from_snapshot:    # a snapshot is a value in the making: its numbers explain nothing
+                others = {q.name: self.value(record, q.name)[0] for q in self.exercise.quantities}
+                if detail in ("detail.values", "detail.shape", "detail.dtype"):
+                    notes.extend(diagnose.value_causes(quantity, value, ws, record.rank, record, others,
+                                                       self.source, self.exercise))
+                notes.append(Note(detail, label))
+                details.append(self._rank_value(quantity, ws, record.rank, value))
+        elif quantity.provenance:
+            proven, proof = self.provenance(runs, quantity, record.rank)
+            waiting = diagnose.async_without_wait(proof.calls if proof is not None else [])
+            if proven and waiting is not None:
+                outcome = Outcome.WRONG   # right by luck: the result of an un-waited operation may not have arrived
+                notes.append(Note("fail.async_no_wait", {**label, "op": diagnose.op_name(waiting)}))
+            elif proven is False:
+                outcome = Outcome.NOT_COLLECTIVE
+                notes.append(Note("fail.not_collective", {**label, "ops": _ops_text(quantity)}))
+                notes.extend(_why(proof, quantity))
+            elif proven is None:
+                outcome = Outcome.NOT_COLLECTIVE
+                notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
+        if outcome is not Outcome.PASS:
+            notes.extend(diagnose.call_causes(quantity, ws, record))
+        return record.rank, outcome, notes, details
+
+    def evaluate_uses(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
+        """The quantities came through their operations, and no forbidden operation ran."""
+        run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
+        if run is None or run.stop == "grader_error":
+            return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
+        forbidden = set(check.forbid or self.exercise.forbidden)
+        notes = []
+        for record in run.ranks:
+            used = next((c for c in record.calls if c.op in forbidden), None)
+            if used is not None:
+                notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
+                                                        "line": used.line or "?"}))
+                break
+        wanted = {op for q in self.exercise.quantities for op in q.through}
+        for op in sorted(wanted):
+            if op in ("send", "recv"):
+                continue
+            if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
+                notes.append(Note("fail.op_not_used", {"op": op}))
+        if notes:
+            return CheckResult(check, Outcome.WRONG, notes=notes)
+        return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": ", ".join(sorted(wanted))})])
+
+    def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
+        """What was expected on this rank and what came back (visible checks only)."""
+        return Note("detail.rank_value", {
+            "rank": rank, "quantity": quantity.name,
+            "expected_shape": quantity.expected_shape(ws), "expected": diagnose.preview(quantity.expected_array(rank, ws)),
+            "shape": value.shape if value else None, "dtype": value.dtype if value else None,
+            "values": diagnose.preview(value.data if value else None)})
+
+
+def _ops_text(quantity: Quantity) -> str:
+    return ", ".join(quantity.through) or "-"
+
+
+def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
+    """The tracer's finding, as a cause the student can act on."""
+    if proof is None or proof.finding is None:
+        return []
+    finding = proof.finding
+    params = {"quantity": quantity.name, **{k: v for k, v in finding.params.items() if not isinstance(v, list)}}
+    if finding.key == "contribution":
+        params["sent"] = diagnose.preview(finding.params.get("sent"))
+        params["own"] = diagnose.preview(finding.params.get("own"))
+    if finding.key == "weights":
+        params["missing"] = ", ".join(map(str, finding.params.get("missing") or [])) or "-"
+        params["twice"] = ", ".join(map(str, finding.params.get("twice") or [])) or "-"
+    return [Note(f"why.{finding.key}", params)]
+
+
+def _unique_causes(notes: list[Note]) -> list[Note]:
+    """Each cause once, whichever ranks it came from (rank-specific notes stay as they are)."""
+    out, seen = [], set()
+    for note in notes:
+        if note.key.startswith(("cause.", "why.")):
+            marker = (note.key, tuple(sorted((k, str(v)) for k, v in note.params.items() if k not in ("rank", "line", "sent"))))
+            if marker in seen:
+                continue
+            seen.add(marker)
+        out.append(note)
+    return out
+
+
+def _drop_partial_unchanged(failed) -> None:
+    """`cause.unchanged` (the operation's result was not used) holds only if every rank whose value was
+    examined kept its own input; one rank whose input happens to equal a wrong result proves nothing."""
+    examined = [notes for _, _, notes, details in failed if details]
+    if all(any(n.key == "cause.unchanged" for n in notes) for notes in examined):
+        return
+    for notes in examined:
+        notes[:] = [n for n in notes if n.key != "cause.unchanged"]

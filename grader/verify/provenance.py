@@ -1,0 +1,297 @@
+"""Provenance: prove that a value came from what the communication delivered, made of every rank's own data.
+
+In a perturbed run every tensor a rank sends carries secret deltas (perturb.py), so delivered data
+cannot be predicted by any rank. A final value F on rank r is proven when it can be decomposed, element
+by element, into:
+  - delivered data: F[i] = s * D[j] for an element j that an operation delivered to r (each delivered
+    element used at most once, any number of calls, chunks, buckets at any offset, views); D[j] is in
+    turn made of the elements the ranks sent (observe.RunView.sources), and each of those is explained
+    the same way on its sender: as that rank's own data (`Quantity.local`, possibly scaled), as data it
+    received earlier, or as its own data plus data it received (a ring's reduce-scatter step);
+  - and the resulting weight of every rank's own data in F[i] is exactly what the exercise says
+    (`combine`: 1/N of each rank's data for a mean, one rank's data for a concatenation ...).
+Scales s are 1, N or 1/N, or 1/d for a delivered divisor d whose unperturbed value is N (an all-reduced
+count). Numbers computed locally carry no deltas and match nothing; a value fed into a collective by
+one rank for all, or laundered through it, has the wrong contributions; a buffer edited after the
+operation completed no longer equals what was delivered.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..processes.protocol import Call
+from .observe import RunView
+
+MAX_DEPTH = 12
+
+
+@dataclass
+class Finding:
+    """Why a value is not proven: `key` names the reason (catalog `why.<key>`), `params` its specifics."""
+    key: str
+    params: dict = field(default_factory=dict)
+
+
+@dataclass
+class Proof:
+    ok: bool
+    finding: Finding | None = None
+    calls: list[Call] = field(default_factory=list)    # the operations the value came through, in order
+
+
+def tolerance(dtype: str) -> tuple[float, float]:
+    """(absolute, relative) tolerance for comparing values of this dtype."""
+    if dtype in ("torch.float16", "torch.bfloat16"):
+        return 2e-2, 2e-2
+    return 1e-6, 2e-5
+
+
+@dataclass
+class _Pool:
+    """Delivered vectors on one rank that can prove something: (call, output index, values, used mask)."""
+    entries: list
+    order: np.ndarray      # sorted values of every entry, concatenated
+    where: np.ndarray      # (entry index, position) of each sorted value
+
+
+class Tracer:
+    def __init__(self, view: RunView, quantity, dtype: str = "torch.float32"):
+        self.view, self.quantity, self.ws = view, quantity, view.ws
+        self.locals = [quantity.local_array(q, self.ws) for q in range(self.ws)]
+        self.atol, self.rtol = tolerance(dtype)
+        self.through = set(quantity.through)
+        self._pools: dict = {}
+        self._divisor_cache: dict = {}
+        self.used: dict = {}             # (rank, seq, output) -> bool mask of delivered elements used
+        self.calls: list[Call] = []
+
+    # -- the target: which ranks' data make element i, at which local index, with what weight
+    def target(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(weights [ws, n], local index [ws, n] (-1: no part)) that the exercise expects for F[0:n]."""
+        ws, combine = self.ws, self.quantity.combine
+        weights = np.zeros((ws, n))
+        index = np.full((ws, n), -1)
+        i = np.arange(n)
+        if combine in ("mean", "sum"):
+            weights[:] = 1.0 / ws if combine == "mean" else 1.0
+            index[:] = i
+        elif combine == "concat":
+            sizes = [len(a) for a in self.locals]
+            starts = np.cumsum([0] + sizes)
+            for q in range(ws):
+                inside = (i >= starts[q]) & (i < starts[q + 1])
+                weights[q, inside] = 1.0
+                index[q, inside] = i[inside] - starts[q]
+        else:  # root
+            weights[self.quantity.root] = 1.0
+            index[self.quantity.root] = i
+        return weights, index
+
+    def prove(self, rank: int, value: np.ndarray) -> Proof:
+        n = value.size
+        weights, index = self.target(n)
+        self.index = index
+        result = self._explain(rank, value, np.arange(n), 0, None)
+        if isinstance(result, Finding):
+            return Proof(False, result, self.calls)
+        w, _ = result
+        bad = np.abs(w - weights) > 1e-6 * np.maximum(1, np.abs(weights))
+        if bad.any():
+            q, i = np.argwhere(bad)[0]
+            return Proof(False, Finding("weights", {"rank": rank, "element": int(i), "source": int(q),
+                                                     "weight": float(w[q, i]), "expected": float(weights[q, i]),
+                                                     "missing": [int(s) for s in np.where(w[:, i] == 0)[0]
+                                                                 if weights[s, i] != 0],
+                                                     "twice": [int(s) for s in np.where(w[:, i] > weights[:, i] * 1.5)[0]
+                                                               if weights[s, i] != 0]}), self.calls)
+        return Proof(True, None, self.calls)
+
+    # -- the search
+    def _close(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.abs(a - b) <= self.atol + self.rtol * np.abs(b)
+
+    def _pool(self, rank: int, before: int | None) -> _Pool:
+        key = (rank, before)
+        if key in self._pools:
+            return self._pools[key]
+        entries = []
+        for call in self.view.calls[rank]:
+            if not (call.completed and call.ok and call.receives and call.delivered):
+                continue
+            if before is not None and call.completed_at >= before:
+                continue
+            if not self._allowed(call) or not self.view.perturbed(call):
+                continue
+            for k, data in enumerate(call.delivered_values()):
+                if data is not None and data.size:
+                    entries.append((call, k, data))
+        if entries:
+            flat = np.concatenate([e[2] for e in entries])
+            where = np.concatenate([np.stack([np.full(e[2].size, j), np.arange(e[2].size)], 1)
+                                    for j, e in enumerate(entries)])
+            order = np.argsort(flat, kind="stable")
+            pool = _Pool(entries, flat[order], where[order])
+        else:
+            pool = _Pool([], np.zeros(0), np.zeros((0, 2), dtype=int))
+        self._pools[key] = pool
+        return pool
+
+    def _allowed(self, call: Call) -> bool:
+        if not self.through:
+            return True
+        if call.op in self.through:
+            return True
+        return call.op == "recv" and "send" in self.through
+
+    def _lookup(self, pool: _Pool, v: float):
+        tol = self.atol + self.rtol * abs(v)
+        lo = np.searchsorted(pool.order, v - tol, "left")
+        hi = np.searchsorted(pool.order, v + tol, "right")
+        return pool.where[lo:hi][:64]
+
+    def _scales(self, rank: int, before: int | None, top: bool) -> list[tuple[float, float]]:
+        """(scale applied to delivered values, the scale it stands for) pairs to try."""
+        n = float(self.ws)
+        scales = [(1.0, 1.0), (1.0 / n, 1.0 / n), (n, n)]
+        if top:
+            for d, clean in self._divisors(rank, before):
+                scales.append((1.0 / d, 1.0 / clean))
+        return scales
+
+    def _divisors(self, rank: int, before: int | None) -> list[tuple[float, float]]:
+        """Delivered elements of a summing all-reduce whose unperturbed value is the number of ranks (an
+        all-reduced count, alone or in a bucket), as (perturbed value, unperturbed value)."""
+        key = (rank, before)
+        if key in self._divisor_cache:
+            return self._divisor_cache[key]
+        out = []
+        for call in self.view.calls[rank]:
+            if not (call.completed and call.ok and call.receives) or call.op != "all_reduce" or call.reduce not in (None, "SUM"):
+                continue
+            for k, data in enumerate(call.delivered_values()):
+                if data is None or not data.size:
+                    continue
+                terms = self.view.sources(call, k, np.arange(data.size))
+                if isinstance(terms, str):
+                    continue
+                clean = np.zeros(data.size)
+                for term in terms:
+                    sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
+                    pos = term.sent_positions
+                    if sent.size == 0 or pos.max() >= sent.size:
+                        break
+                    clean += term.weight * np.where(pos >= 0, sent[np.clip(pos, 0, None)], 0)
+                else:
+                    for j in np.flatnonzero(np.abs(clean - self.ws) < 1e-9)[:8]:
+                        if data[j] != 0:
+                            out.append((float(data[j]), float(clean[j])))
+        self._divisor_cache[key] = out[:16]
+        return self._divisor_cache[key]
+
+    def _run_length(self, x: np.ndarray, start: int, s: float, data: np.ndarray, p: int, used: np.ndarray) -> int:
+        m = min(x.size - start, data.size - p)
+        ok = self._close(x[start:start + m], s * data[p:p + m]) & ~used[p:p + m]
+        bad = np.flatnonzero(~ok)
+        return int(bad[0]) if bad.size else m
+
+    def _leaf_run(self, rank: int, x: np.ndarray, I: np.ndarray, start: int, c: float) -> int:
+        idx = self.index[rank, I[start:]]
+        local = self.locals[rank]
+        valid = (idx >= 0) & (idx < local.size)
+        ok = valid.copy()
+        ok[valid] = self._close(x[start:][valid], c * local[idx[valid]])
+        bad = np.flatnonzero(~ok)
+        return int(bad[0]) if bad.size else ok.size
+
+    def _explain(self, rank: int, x: np.ndarray, I: np.ndarray, depth: int, before: int | None):
+        """Weights [ws, len(x)] of every rank's own data in x (values on `rank`, elements I of the final
+        quantity), or a Finding."""
+        if depth > MAX_DEPTH:
+            return Finding("too_deep", {"rank": rank})
+        W = np.zeros((self.ws, x.size))
+        pool = self._pool(rank, before)
+        t = 0
+        while t < x.size:
+            best = None   # (length, kind, payload)
+            # (a) the rank's own data, possibly scaled (divided by N before a sum, say)
+            if depth > 0:
+                for c in (1.0, 1.0 / self.ws, float(self.ws)):
+                    L = self._leaf_run(rank, x, I, t, c)
+                    if L and (best is None or L > best[0]):
+                        best = (L, "local", c)
+                if best is not None and best[0] == x.size - t:
+                    W[rank, t:] += best[2]
+                    return W, None
+            # (b) delivered data, scaled; (c) own data plus delivered data
+            for s, s_eff in self._scales(rank, before, depth == 0):
+                for target, kind in ((x[t], "delivered"), (None, "accumulate")):
+                    if kind == "accumulate":
+                        idx = self.index[rank, I[t]]
+                        if idx < 0 or idx >= self.locals[rank].size:
+                            continue
+                        target = x[t] - self.locals[rank][idx]
+                        shifted = x - np.where(self.index[rank, I] >= 0,
+                                               self.locals[rank][np.clip(self.index[rank, I], 0, self.locals[rank].size - 1)], 0)
+                    else:
+                        shifted = x
+                    for j, p in self._lookup(pool, target / s):
+                        call, k, data = pool.entries[j]
+                        used = self.used.setdefault((call.rank, call.seq, k), np.zeros(data.size, dtype=bool))
+                        L = self._run_length(shifted, t, s, data, p, used)
+                        if L and (best is None or L > best[0]):
+                            best = (L, kind, (call, k, p, s, s_eff))
+            if best is None:
+                return self._unexplained(rank, x, t, depth, before)
+            L, kind, payload = best
+            if kind == "local":
+                W[rank, t:t + L] += payload
+                t += L
+                continue
+            call, k, p, s, s_eff = payload
+            self.used[(call.rank, call.seq, k)][p:p + L] = True
+            if call not in self.calls:
+                self.calls.append(call)
+            if kind == "accumulate":
+                W[rank, t:t + L] += 1.0
+            sub = self._through(call, k, np.arange(p, p + L), I[t:t + L], depth)
+            if isinstance(sub, Finding):
+                return sub
+            W[:, t:t + L] += s_eff * sub
+            t += L
+        return W, None
+
+    def _through(self, call: Call, k: int, positions: np.ndarray, I: np.ndarray, depth: int):
+        """Weights of each rank's own data in delivered elements `positions` of output k of `call`."""
+        terms = self.view.sources(call, k, positions)
+        if isinstance(terms, str):
+            return Finding(terms, {"rank": call.rank, "op": call.op, "line": call.line, "reduce": call.reduce})
+        W = np.zeros((self.ws, positions.size))
+        for term in terms:
+            mask = term.sent_positions >= 0
+            sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
+            pos = term.sent_positions[mask]
+            if pos.size and pos.max() >= sent.size:
+                return Finding("unobserved", {"rank": term.rank, "op": term.call.op})
+            sub = self._explain(term.rank, sent[pos], I[mask], depth + 1, term.call.entered_at)
+            if isinstance(sub, Finding):
+                if sub.key == "not_delivered" and depth + 1 > 0:
+                    return self._contribution(term, sent, pos, I[mask])
+                return sub
+            W[:, mask] += term.weight * sub[0]
+        return W
+
+    def _contribution(self, term, sent: np.ndarray, pos: np.ndarray, I: np.ndarray) -> Finding:
+        """A rank sent something that is neither its own data nor what it received."""
+        idx = self.index[term.rank, I]
+        local = self.locals[term.rank]
+        own = local[np.clip(idx, 0, max(0, local.size - 1))] if local.size else np.zeros(0)
+        return Finding("contribution", {"rank": term.rank, "op": term.call.op, "line": term.call.line,
+                                        "n": term.call.seq + 1, "sent": sent[pos][:64].tolist(),
+                                        "own": own[:64].tolist()})
+
+    def _unexplained(self, rank: int, x: np.ndarray, t: int, depth: int, before) -> Finding:
+        pool = self._pool(rank, before)
+        return Finding("not_delivered", {"rank": rank, "element": int(t), "value": float(x[t]),
+                                         "delivered": bool(pool.entries)})
