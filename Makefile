@@ -27,9 +27,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py
 
+EXERCISES := $(patsubst solutions/%/exercise.py,%,$(wildcard solutions/*/exercise.py))
+
 release: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment dist_primitives --force
-	$(BIN)/python -m grader.integrations.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
+	for ex in $(EXERCISES); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment $$ex --force || exit 1; done
+	$(BIN)/python -m grader.integrations.release --all
 
 clean:
 	rm -rf build

@@ -42,7 +42,7 @@ def run_worker(rank, world_size):
     # gathered_list = ???
     # dist.all_gather(...)
     # full_feature = torch.cat(...)
-    raise NotImplementedError("请先完成 TODO 1 和 TODO 2 / complete TODO 1 and TODO 2 first")
+    raise NotImplementedError("请先完成这里的 TODO / complete the TODO here first")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -125,6 +125,10 @@ CATALOG: dict[str, tuple[str, str]] = {
                       "Cause: {quantity} holds the values of {other}: is the order of the returned values swapped?"),
     "cause.read_before_wait": ("原因：{op} 用 async_op=True 发起后，在 wait() 之前就读取了结果（例如先 torch.cat 再 wait），读到的还是缓冲区原来的数据。",
                                "Cause: the result of {op} (async_op=True) was read before wait() (torch.cat before wait, say), so it still held the buffers' old contents."),
+    "cause.other_op": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}（第 {line} 行）。",
+                       "Cause: {quantity} must come through {ops}, but your code used {used} (line {line})."),
+    "cause.rooted_op": ("原因：{op} 只把结果留在一个进程（root）上；要让每个进程都拿到结果，请用对应的 all_* 操作。",
+                        "Cause: {op} leaves the result on one rank (the root) only; use the matching all_* operation so that every rank gets it."),
     "cause.contribution": ("原因：进程 {rank} 在 {op}（第 {line} 行）中发送的是 {sent}，但它自己的数据是 {own}。每个进程都必须贡献自己的数据。",
                            "Cause: rank {rank} sent {sent} in {op} (line {line}), but its own data is {own}. Every rank must contribute its own data."),
     "cause.contribution_hidden": ("原因：有进程在通信中发送的不是它自己的数据。", "Cause: a rank did not send its own data."),
@@ -235,6 +239,8 @@ def _word(value, lang: str):
             render("calls.rank", {"rank": v.get("rank"), "ops": comma.join(v.get("ops") or ["-"])}, lang) for v in value)
     if isinstance(value, (list, tuple)) and not value:
         return render("frames.none", {}, lang)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
+        return render("list.comma", {}, lang).join(map(str, value))
     return value
 
 

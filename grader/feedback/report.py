@@ -26,6 +26,6 @@ def text_report(result: GradingResult, lang: str = "zh") -> str:
         lines += ["  | " + line for line in text[:OUTPUT_SHOWN].splitlines()]
     if result.layers:
         lines.append("")
-        layers = ", ".join(layer(layer_id, lang) for layer_id in result.layers)
+        layers = render("list.comma", {}, lang).join(layer(layer_id, lang) for layer_id in result.layers)
         lines.append(render("summary.layers", {"layers": layers}, lang))
     return "\n".join(lines) + "\n"

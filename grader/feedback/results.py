@@ -38,12 +38,23 @@ def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
         "tests": tests,
         "extra_data": {
             "submission": result.submission,
+            "exercise": result.exercise,
             "outcomes": {c.spec.id: c.outcome.value for c in result.checks},
+            "causes": {c.spec.id: causes(c, lang) for c in result.checks if not c.passed},
             "sandbox": result.layers,
             "grader_error": result.grader_error,
             "runs": result.runs,
         },
     }
+
+
+def causes(check, lang: str) -> list[dict]:
+    """A failed check's named causes, for staff: catalog key and words (a class report counts them)."""
+    out = []
+    for n in check.notes:
+        if n.key.startswith(("cause.", "why.", "fail.", "static.", "load.", "exercise.")) or ".cause." in n.key:
+            out.append({"key": n.key, "text": note(n, lang), "rank": n.params.get("rank")})
+    return out
 
 
 def write_atomic(path: Path, data: str) -> None:

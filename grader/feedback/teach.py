@@ -54,6 +54,6 @@ def teaching_notes(run: RunOutcome) -> list[Note]:
     return notes if len(notes) > 1 else []
 
 
-def _peers(calls) -> str:
+def _peers(calls) -> list[str]:
     peers = sorted({c.peer if c.peer is not None else c.source for c in calls} - {None})
-    return ", ".join(map(str, peers)) or "-"
+    return [str(p) for p in peers] or ["-"]

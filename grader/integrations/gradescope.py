@@ -1,6 +1,6 @@
 """Build autograder.zip for Gradescope.
 
-    python -m grader gradescope-zip [--out autograder.zip] [--lang zh|en] [--time-limit S] [--memory-mb M]
+    python -m grader gradescope-zip --exercise NAME [--out autograder.zip] [--lang zh|en] [--time-limit S]
 
 Gradescope unpacks the zip into /autograder/source, runs setup.sh there once when it builds the image,
 then for every submission copies run_autograder to /autograder/run_autograder and runs it; the student's
@@ -16,6 +16,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from ..exercise import registry
 from ..feedback.messages import default_lang, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,8 @@ cd "$SOURCE" || cd "$ROOT"
 export PYTHONPATH="$SOURCE${{PYTHONPATH:+:$PYTHONPATH}}"
 status=0
 timeout -k 10 "${{GRADER_TOTAL_TIMEOUT:-900}}" "$PY" -m grader grade "$ROOT/submission" --results "$RESULTS" \\
-    --lang "${{GRADER_LANG:-{lang}}}" --time-limit {time_limit} --memory-mb {memory_mb} --backend {backend} || status=$?
+    --exercise {exercise} --lang "${{GRADER_LANG:-{lang}}}" --time-limit {time_limit} --memory-mb {memory_mb} \\
+    --backend {backend} || status=$?
 if [ ! -s "$RESULTS" ]; then
     # The grader died before writing anything: a visible zero, never a missing file.
     cat > "$RESULTS" <<'JSON'
@@ -76,25 +78,29 @@ def _fallback_json(lang: str) -> str:
         ensure_ascii=False)
 
 
-def files(lang: str, time_limit: float, memory_mb: int, backend: str = "auto") -> dict[str, tuple[bytes, int]]:
-    """Every file of the zip: name -> (bytes, unix mode)."""
+def files(exercise, lang: str, time_limit: float, memory_mb: int, backend: str = "auto") -> dict[str, tuple[bytes, int]]:
+    """Every file of the zip: name -> (bytes, unix mode). The grader, and the exercise's definition
+    (never its solution)."""
     out = {
         "setup.sh": (SETUP_SH.format(index=TORCH_INDEX, torch=TORCH_VERSION).encode(), 0o755),
-        "run_autograder": (RUN_AUTOGRADER.format(lang=lang, time_limit=time_limit, memory_mb=memory_mb, backend=backend,
+        "run_autograder": (RUN_AUTOGRADER.format(exercise=exercise.name, lang=lang, time_limit=time_limit,
+                                                 memory_mb=memory_mb, backend=backend,
                                                  fallback=_fallback_json(lang)).encode(), 0o755),
         "pyproject.toml": ((ROOT / "pyproject.toml").read_bytes(), 0o644),
     }
     for path in sorted((ROOT / "grader").rglob("*.py")):
         out[path.relative_to(ROOT).as_posix()] = (path.read_bytes(), 0o644)
+    out[f"solutions/{exercise.name}/exercise.py"] = ((Path(exercise.folder) / "exercise.py").read_bytes(), 0o644)
     return out
 
 
-def build(out: Path, *, lang: str = "zh", time_limit: float = 15.0, memory_mb: int = 2048, backend: str = "auto") -> Path:
+def build(out: Path, *, exercise, lang: str = "zh", time_limit: float = 15.0, memory_mb: int = 2048,
+          backend: str = "auto") -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, (data, mode) in sorted(files(lang, time_limit, memory_mb, backend).items()):
+        for name, (data, mode) in sorted(files(exercise, lang, time_limit, memory_mb, backend).items()):
             info = zipfile.ZipInfo(name, FIXED_TIME)
             info.external_attr = (0o100000 | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -104,10 +110,23 @@ def build(out: Path, *, lang: str = "zh", time_limit: float = 15.0, memory_mb: i
 
 
 def run(args) -> int:
-    path = build(Path(args.out), lang=args.lang or default_lang(), time_limit=args.time_limit, memory_mb=args.memory_mb,
+    lang = args.lang or default_lang()
+    try:
+        exercise = (registry.get(args.exercise, args.exercises_dir) if args.exercise
+                    else _only(registry.available(args.exercises_dir)))
+    except registry.ExerciseError as err:
+        print(render(err.key, err.params, lang), file=sys.stderr)
+        return 2
+    path = build(Path(args.out), exercise=exercise, lang=lang, time_limit=args.time_limit, memory_mb=args.memory_mb,
                  backend=args.backend)
     print(f"wrote {path} (upload it as the autograder of a Gradescope programming assignment)", file=sys.stderr)
     return 0
+
+
+def _only(exercises: dict):
+    if len(exercises) == 1:
+        return next(iter(exercises.values()))
+    raise registry.ExerciseError("exercise.ambiguous", known=", ".join(sorted(exercises)))
 
 
 def register(subparsers, add_common_options) -> None:

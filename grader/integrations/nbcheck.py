@@ -1,8 +1,8 @@
 """The in-notebook check: grade the `run_worker` this kernel defined, with real rank processes.
 
     from grader.integrations import nbcheck
-    nbcheck.report()                   # the report `python -m grader check` prints (2 ranks)
-    nbcheck.check("ws2.all_reduce")    # one rubric check: prints its verdict, raises CheckFailed if it failed
+    nbcheck.report("dist_primitives")                 # the report `python -m grader check` prints
+    nbcheck.check("ws2.all_reduce", "dist_primitives")  # one check: prints its verdict, raises CheckFailed
 
 Why source text: processes cannot import a function defined in a notebook cell (pickling by reference
 fails with `Can't get attribute 'run_worker' on <module '__main__'>`). The ranks get the cells this
@@ -36,7 +36,7 @@ from ..submission import load
 from ..submission import notebook
 
 from ..submission import static
-from ..checks import CHECKS
+from ..exercise import registry
 from ..feedback.messages import LANGS, default_lang, render
 from ..model import CheckResult, GradingResult, Outcome
 from ..feedback.render import check_lines, checks_of, note, status, title
@@ -119,14 +119,15 @@ def _quiet():
         yield
 
 
-def _failed(filename: str, error: str) -> GradingResult:
-    return GradingResult(filename, [CheckResult(spec, Outcome.GRADER_ERROR) for spec in CHECKS], grader_error=error)
+def _failed(filename: str, error: str, checks=()) -> GradingResult:
+    return GradingResult(filename, [CheckResult(spec, Outcome.GRADER_ERROR) for spec in checks], grader_error=error)
 
 
-def grade_source(source: str, *, key: str | None = None, filename: str = FILENAME,
+def grade_source(source: str, *, exercise: str | None = None, key: str | None = None, filename: str = FILENAME,
                  runner_factory=None) -> GradingResult:
-    """Every check (hidden included) for this source; cached by `key` (default: the source's hash). Never raises."""
-    key = key or hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+    """Every check (hidden included) of `exercise` (default: inferred from the code) for this source;
+    cached by `key` (default: the source's hash). Never raises."""
+    key = (exercise or "") + ":" + (key or hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest())
     if key in _CACHE:
         return _CACHE[key]
     with _quiet():
@@ -135,7 +136,8 @@ def grade_source(source: str, *, key: str | None = None, filename: str = FILENAM
                 from ..processes.runner import Runner
                 runner_factory = Runner
             with runner_factory() as runner:
-                result = api.grade(load.from_source(source, filename), runner=runner, include_hidden=True)
+                result = api.grade(load.from_source(source, filename), runner=runner, exercise=exercise,
+                                   include_hidden=True)
         except Exception:
             result = _failed(filename, traceback.format_exc())
     while len(_CACHE) >= CACHE_SIZE:
@@ -144,10 +146,10 @@ def grade_source(source: str, *, key: str | None = None, filename: str = FILENAM
     return result
 
 
-def current() -> GradingResult:
+def current(exercise: str | None = None) -> GradingResult:
     """The grading of this kernel's current state."""
     source, key = kernel_program()
-    return grade_source(source, key=key)
+    return grade_source(source, exercise=exercise, key=key)
 
 
 # -- what a cell shows --------------------------------------------------------------------------
@@ -155,7 +157,7 @@ def current() -> GradingResult:
 def check_text(result: GradingResult, check: CheckResult, lang: str) -> str:
     """One check as the report shows it; hidden checks: verdict, hint and named mistakes only."""
     mark = "PASS" if check.passed else "FAIL"
-    lines = [f"[{mark}] {check.score:g}/{check.spec.points:g}  {title(check, lang)}"]
+    lines = [f"[{mark}] {check.score:g}/{check.spec.points:g}  {title(check, lang, checks_of(result))}"]
     if check.passed and check.spec.hidden:
         return lines[0] + "  " + status(check, lang)
     if not check.passed:
@@ -166,23 +168,26 @@ def check_text(result: GradingResult, check: CheckResult, lang: str) -> str:
     return "\n".join(dict.fromkeys(lines))
 
 
-def check(check_id: str, lang: str | None = None) -> None:
-    """Score one rubric check (an nbgrader test cell): print on a pass, raise CheckFailed on a failure."""
+def check(check_id: str, exercise: str | None = None, lang: str | None = None) -> None:
+    """Score one check of the exercise (an nbgrader test cell): print on a pass, raise CheckFailed on a
+    failure. `exercise`: its name (default: inferred from this kernel's code)."""
     lang = language(lang)
-    result = current()
+    result = current(exercise)
     found = next((c for c in result.checks if c.spec.id == check_id), None)
     if found is None:
-        raise ValueError(f"unknown check {check_id!r}; known: {', '.join(c.id for c in CHECKS)}")
+        if not result.checks:  # no exercise could be told: say why, as a failed check
+            raise CheckFailed("\n".join(note(n, lang) for n in result.summary))
+        raise ValueError(f"unknown check {check_id!r}; known: {', '.join(c.spec.id for c in result.checks)}")
     text = check_text(result, found, lang)
     if not found.passed:
         raise CheckFailed(text)
     print(text)
 
 
-def report(lang: str | None = None) -> None:
+def report(exercise: str | None = None, lang: str | None = None) -> None:
     """Print the visible checks' report: what `python -m grader check` prints for this kernel's code."""
     lang = language(lang)
-    result = current()
+    result = current(exercise)
     visible = dataclasses.replace(result, checks=[c for c in result.checks if not c.spec.hidden])
     text = text_report(visible, lang)
     hidden = sum(1 for c in result.checks if c.spec.hidden)

@@ -1,6 +1,7 @@
 """Student versions from instructor versions: solution regions replaced by the stub line.
 
-    python -m grader.integrations.release solutions/dist_primitives/dist_primitives.py assignments/dist_primitives/dist_primitives.py
+    python -m grader.integrations.release --all          # every exercise: solutions/<name>/<name>.py -> assignments/
+    python -m grader.integrations.release SRC DST        # one file
 
 Same markers and the same stub text as nbgrader's ClearSolutions (see nbgrader_config.py), so the .py
 and the notebook release agree; tests/test_release.py proves the committed stubs are generated.
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
-STUB = 'raise NotImplementedError("请先完成 TODO 1 和 TODO 2 / complete TODO 1 and TODO 2 first")'
+STUB = 'raise NotImplementedError("请先完成这里的 TODO / complete the TODO here first")'
 
 
 def clear_solutions(source: str, stub: str = STUB) -> str:
@@ -36,10 +37,20 @@ def clear_solutions(source: str, stub: str = STUB) -> str:
     return "".join(out)
 
 
-def main(argv: list[str]) -> int:
-    source, target = Path(argv[0]), Path(argv[1])
+def release_file(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(clear_solutions(source.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--all"]:
+        from ..exercise import registry
+        for name, exercise in sorted(registry.available().items()):
+            source = Path(exercise.folder) / f"{name}.py"
+            if source.is_file():
+                release_file(source, registry.ROOT / "assignments" / name / f"{name}.py")
+        return 0
+    release_file(Path(argv[0]), Path(argv[1]))
     return 0
 
 

@@ -60,6 +60,7 @@ class Reporter:
 
 
 _REPORTER: Reporter | None = None
+_MISSING = object()
 _CUDA = False   # NCCL for CUDA tensors (set by the rank of an NCCL run)
 
 
@@ -411,8 +412,19 @@ def _reduce_name(opts) -> str | None:
 
 
 def _method(name: str):
-    def method(self, *args):
-        return self._run(name, args)
+    params = comm.METHODS[name].params
+
+    def method(self, *args, **kwargs):
+        # callers pass some arguments by keyword (`barrier(opts=...)`): put them in place; trailing
+        # arguments not given are left out, so the real backend applies its own defaults
+        values = list(args) + [kwargs.pop(p, _MISSING) for p in params[len(args):]]
+        if kwargs:
+            raise TypeError(f"{name}() got unexpected arguments {sorted(kwargs)}")
+        while values and values[-1] is _MISSING:
+            values.pop()
+        if _MISSING in values:
+            raise TypeError(f"{name}() is missing an argument")
+        return self._run(name, tuple(values))
     method.__name__ = name
     return method
 

@@ -272,6 +272,16 @@ def _constants(source: str) -> frozenset:
 
 def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
     notes = []
+    through = set(quantity.through)
+    if through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
+        others = [c for c in record.calls if c.op not in ("barrier", "send", "recv")]
+        if others:
+            used = sorted({op_name(c) for c in others})
+            notes.append(Note("cause.other_op", {"quantity": quantity.name, "ops": list(quantity.through),
+                                                  "used": used, "line": others[0].line or "?"}))
+            rooted = next((c for c in others if c.op in ("reduce", "gather")), None)
+            if rooted is not None:
+                notes.append(Note("cause.rooted_op", {"op": op_name(rooted)}))
     for call in record.calls:
         if call.op in quantity.through and call.op in ("all_gather", "gather") and call.receives:
             count = len(call.outputs or [])

@@ -202,7 +202,7 @@ class Judge:
                 details.extend(diagnose.last_call(record, note))
             else:
                 notes.append(Note("fail.missing", {**label, "entry": self.exercise.entry,
-                                                   "names": ", ".join(q.name for q in self.exercise.quantities),
+                                                   "names": [q.name for q in self.exercise.quantities],
                                                    "returned": (record.result or {}).get("returned_type", "?")}))
         elif outcome is not Outcome.PASS:
             if failure is not None:  # a wrong value left behind by an exception: the exception is the news
@@ -254,7 +254,7 @@ class Judge:
                 notes.append(Note("fail.op_not_used", {"op": op}))
         if notes:
             return CheckResult(check, Outcome.WRONG, notes=notes)
-        return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": ", ".join(sorted(wanted))})])
+        return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
@@ -265,8 +265,8 @@ class Judge:
             "values": diagnose.preview(value.data if value else None)})
 
 
-def _ops_text(quantity: Quantity) -> str:
-    return ", ".join(quantity.through) or "-"
+def _ops_text(quantity: Quantity) -> list[str]:
+    return list(quantity.through) or ["-"]
 
 
 def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
@@ -279,8 +279,8 @@ def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
         params["sent"] = diagnose.preview(finding.params.get("sent"))
         params["own"] = diagnose.preview(finding.params.get("own"))
     if finding.key == "weights":
-        params["missing"] = ", ".join(map(str, finding.params.get("missing") or [])) or "-"
-        params["twice"] = ", ".join(map(str, finding.params.get("twice") or [])) or "-"
+        params["missing"] = [str(s) for s in finding.params.get("missing") or []] or ["-"]
+        params["twice"] = [str(s) for s in finding.params.get("twice") or []] or ["-"]
     return [Note(f"why.{finding.key}", params)]
 
 

@@ -14,15 +14,15 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
             if used:
                 op, lines = sorted(used.items())[0]
                 out.append(CheckResult(check, Outcome.FORBIDDEN, 0, [Note("static.forbidden", {
-                    "op": op, "lines": ", ".join(map(str, lines)), "exercise": exercise.name})]))
+                    "op": op, "lines": list(lines), "exercise": exercise.name})]))
             else:
                 out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.not_used", {
-                    "ops": ", ".join(check.forbid)})]))
+                    "ops": list(check.forbid)})]))
             continue
         lines = report.reached.get(check.op)
         if lines:
             out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.called", {
-                "op": check.op, "entry": exercise.entry, "lines": ", ".join(map(str, lines))})]))
+                "op": check.op, "entry": exercise.entry, "lines": list(lines)})]))
             continue
         notes = [Note("static.not_called", {"op": check.op, "entry": exercise.entry})]
         if report.todo_left:
