@@ -18,12 +18,18 @@ describe data; `diagnose` may add the exercise's own causes for a wrong value.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 COMBINES = ("mean", "sum", "concat", "root", "custom")
+
+
+class Alternatives(tuple):
+    """What `Quantity.local` returns when a rank's own data may be any of several arrays (two honest
+    ways to compute it)."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,26 @@ class Quantity:
         if self.combine == "custom" and self.expected is None:
             raise ValueError(f"{self.name}: combine='custom' needs expected(rank, ws)")
 
+    @property
+    def uses_context(self) -> bool:
+        """`local(rank, ws, ctx)`: the rank's own data depends on what it received (an optimizer step
+        computed from reduce-scattered gradients, say); ctx is verify.observe.RunContext."""
+        if self.local is None:
+            return False
+        try:
+            return len(inspect.signature(self.local).parameters) >= 3
+        except (TypeError, ValueError):
+            return False
+
+    def local_options(self, rank: int, ws: int, ctx=None) -> list[np.ndarray]:
+        """The rank's own data: one array, or several when `local` returns Alternatives (any will do)."""
+        value = self.local(rank, ws, ctx) if self.uses_context else self.local(rank, ws)
+        options = list(value) if isinstance(value, Alternatives) else [value]
+        return [np.asarray(v, dtype=np.float64).reshape(-1) for v in options]
+
     def local_array(self, rank: int, ws: int) -> np.ndarray:
-        return np.asarray(self.local(rank, ws), dtype=np.float64).reshape(-1)
+        """The rank's own data as far as it can be told without a run (the first alternative)."""
+        return self.local_options(rank, ws)[0] if not self.uses_context else np.zeros(0)
 
     def expected_array(self, rank: int, ws: int) -> np.ndarray:
         if self.expected is not None:

@@ -125,6 +125,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                       "Cause: {quantity} holds the values of {other}: is the order of the returned values swapped?"),
     "cause.read_before_wait": ("原因：{op} 用 async_op=True 发起后，在 wait() 之前就读取了结果（例如先 torch.cat 再 wait），读到的还是缓冲区原来的数据。",
                                "Cause: the result of {op} (async_op=True) was read before wait() (torch.cat before wait, say), so it still held the buffers' old contents."),
+    "cause.all_blocked_in_send": ("原因：每个进程都卡在 send 里。gloo 不缓存发送：send 要等对方调用 recv 才会完成，如果所有进程都先 send 再 recv，就会互相等待。请先发起接收（irecv），或按进程编号的奇偶交替收发顺序。",
+                                  "Cause: every rank is blocked in send. gloo does not buffer sends: a send completes only once the peer posts its receive, so if every rank sends before it receives, they all wait. Post the receive first (irecv), or alternate the order by rank parity."),
     "cause.other_op": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}（第 {line} 行）。",
                        "Cause: {quantity} must come through {ops}, but your code used {used} (line {line})."),
     "cause.rooted_op": ("原因：{op} 只把结果留在一个进程（root）上；要让每个进程都拿到结果，请用对应的 all_* 操作。",

@@ -320,10 +320,11 @@ class GraderProcessGroup(dist.ProcessGroup):
         work = ObservedWork(seq, self._timeout)
         work.method = method_name
         new_args = list(args)
+        flat = method.backend in ("_allgather_base", "_reduce_scatter_base")  # the "stack" forms, flattened
         for param, role in ((method.sends, private_in), (method.receives, private_out)):
             if param is not None and (param != method.sends or role is private_in):
                 index = method.params.index(param)
-                new_args[index] = _rebuild(args[index], list(role))
+                new_args[index] = _rebuild(args[index], [t.view(-1) for t in role] if flat else list(role))
         started = time.perf_counter()
         try:
             inner = getattr(real, method.backend or method_name)(*new_args)

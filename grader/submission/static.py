@@ -14,7 +14,7 @@ import ast
 import copy
 from dataclasses import dataclass, field
 
-from ..comm import API_NAMES
+from ..comm import API_NAMES, PRELOAD_WITH
 
 ENTRY = "run_worker"
 # Process-group methods whose names say what they are (`send`, `reduce` ... are too common a word).
@@ -246,6 +246,8 @@ def _torch_modules(tree: ast.Module) -> list[str]:
             if qualified and qualified.startswith("torch."):
                 parts = qualified.split(".")
                 found.update(".".join(parts[:k]) for k in range(2, len(parts)))
+    for name in list(found):
+        found.update(PRELOAD_WITH.get(name, ()))
     return sorted(found)[:48]
 
 

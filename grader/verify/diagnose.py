@@ -182,7 +182,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
                 notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
             elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
                 notes.append(Note("cause.floor_division", {**label}))
-        if all_close(data, quantity.local_array(rank, ws) if quantity.local else expected * np.nan, value.dtype) \
+        if quantity.local is not None and not quantity.uses_context and all_close(data, quantity.local_array(rank, ws), value.dtype) \
                 and not all_close(data, expected, value.dtype):
             notes.append(Note("cause.unchanged", {**label, "op": op_name(calls[0]) if calls else "-"}))
         k = _hardcoded(quantity, data, ws, value.dtype, source)
@@ -191,7 +191,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if data is not None and value.shape and list(value.shape) != shape:
         if quantity.combine == "concat" and list(value.shape) == [ws, int(np.prod(shape)) // ws]:
             notes.append(Note("cause.stack_not_cat", {**label, "shape": value.shape}))
-    if quantity.combine == "concat" and data is not None and data.size == expected.size and ws > 1:
+    if quantity.combine == "concat" and not quantity.uses_context and data is not None and data.size == expected.size and ws > 1:
         last = quantity.local_array(ws - 1, ws)
         if all_close(data, np.tile(last, ws), value.dtype) and not all_close(data, expected, value.dtype):
             notes.append(Note("cause.shared_buffers", {**label}))
@@ -215,7 +215,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
 
 def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]) -> list[Note]:
     """A collective the quantity goes through, fed with something other than the rank's own data."""
-    if quantity.local is None or quantity.combine == "custom":
+    if quantity.local is None or quantity.combine == "custom" or quantity.uses_context:
         return []
     local = quantity.local_array(record.rank, ws)
     for call in calls:
@@ -318,6 +318,17 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
     if any(_own_fault_outside(run, rec) for rec in run.ranks):
         return None
     return Note("cause.mismatch", {"calls": [{"rank": rec.rank, "ops": list(seq)} for rec, seq in zip(run.ranks, sequences)]})
+
+
+def blocked_in_send(run: RunOutcome) -> Note | None:
+    """A deadlock where every rank waits in a send: gloo does not buffer sends, so a send completes only
+    once its peer posts the receive."""
+    if run.stop != "deadlock":
+        return None
+    waiting = [rec.inside for rec in run.ranks if not rec.finished]
+    if waiting and all(call is not None and call.op == "send" for call in waiting):
+        return Note("cause.all_blocked_in_send", {})
+    return None
 
 
 def async_without_wait(calls: list[Call]) -> Call | None:

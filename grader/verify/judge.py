@@ -182,6 +182,9 @@ class Judge:
         mismatch = diagnose.mismatched_calls(run)
         if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
             notes.append(mismatch)
+        blocked = diagnose.blocked_in_send(run)
+        if blocked is not None:
+            notes.append(blocked)
         for op in quantity.through:
             if diagnose.assigned_result(self.source, op):
                 notes.append(Note("cause.assigned_none", {"op": op}))
@@ -214,6 +217,8 @@ class Judge:
                 if detail in ("detail.values", "detail.shape", "detail.dtype"):
                     notes.extend(diagnose.value_causes(quantity, value, ws, record.rank, record, others,
                                                        self.source, self.exercise))
+                if detail == "detail.values" and quantity.provenance:
+                    notes.extend(self._weights(runs, quantity, record.rank))
                 notes.append(Note(detail, label))
                 details.append(self._rank_value(quantity, ws, record.rank, value))
         elif quantity.provenance:
@@ -232,6 +237,18 @@ class Judge:
         if outcome is not Outcome.PASS:
             notes.extend(diagnose.call_causes(quantity, ws, record))
         return record.rank, outcome, notes, details
+
+    def _weights(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> list[Note]:
+        """For a wrong value: what the perturbed run shows of how the ranks' data combined (a rank's data
+        missing, or counted twice), when the value is otherwise made of what was delivered."""
+        for run in runs.perturbed:
+            value, snapshot = self.value(run.ranks[rank], quantity.name)
+            if snapshot or self.shape_ok(quantity, value, runs.world_size)[0] is not Outcome.PASS:
+                continue
+            proof = self.proof(run, quantity, rank)
+            if proof is not None and proof.finding is not None and proof.finding.key == "weights":
+                return _why(proof, quantity)
+        return []
 
     def evaluate_uses(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
         """The quantities came through their operations, and no forbidden operation ran."""
@@ -260,8 +277,8 @@ class Judge:
         """What was expected on this rank and what came back (visible checks only)."""
         return Note("detail.rank_value", {
             "rank": rank, "quantity": quantity.name,
-            "expected_shape": quantity.expected_shape(ws), "expected": diagnose.preview(quantity.expected_array(rank, ws)),
-            "shape": value.shape if value else None, "dtype": value.dtype if value else None,
+            "expected_shape": str(quantity.expected_shape(ws)), "expected": diagnose.preview(quantity.expected_array(rank, ws)),
+            "shape": str(value.shape) if value else "-", "dtype": (value.dtype or "-") if value else "-",
             "values": diagnose.preview(value.data if value else None)})
 
 

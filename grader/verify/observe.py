@@ -223,3 +223,28 @@ def _layout(call: Call, n: int):
     if op == "all_to_all":
         return all_to_all
     return None
+
+
+class RunContext:
+    """What an exercise's `local(rank, ws, ctx)` may read of a run: the values each rank sent and was
+    delivered, per operation, in order (each call's tensors flattened and concatenated)."""
+
+    def __init__(self, view: RunView):
+        self.view = view
+        self.world_size = view.ws
+
+    def delivered(self, rank: int, op: str) -> list[np.ndarray]:
+        out = []
+        for call in self.view.calls[rank]:
+            if call.op == op and call.completed and call.ok and call.receives:
+                parts = [v for v in call.delivered_values() if v is not None]
+                out.append(np.concatenate(parts) if parts else np.zeros(0))
+        return out
+
+    def sent(self, rank: int, op: str) -> list[np.ndarray]:
+        out = []
+        for call in self.view.calls[rank]:
+            if call.op == op and call.sends:
+                parts = [v for v in call.sent_values() if v is not None]
+                out.append(np.concatenate(parts) if parts else np.zeros(0))
+        return out

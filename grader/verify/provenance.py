@@ -18,11 +18,12 @@ operation completed no longer equals what was delivered.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 
 from ..processes.protocol import Call
-from .observe import RunView
+from .observe import RunContext, RunView
 
 MAX_DEPTH = 12
 
@@ -59,7 +60,9 @@ class _Pool:
 class Tracer:
     def __init__(self, view: RunView, quantity, dtype: str = "torch.float32"):
         self.view, self.quantity, self.ws = view, quantity, view.ws
-        self.locals = [quantity.local_array(q, self.ws) for q in range(self.ws)]
+        ctx = RunContext(view)
+        self.options = [quantity.local_options(q, self.ws, ctx) for q in range(self.ws)]
+        self.locals = [options[0] for options in self.options]
         self.atol, self.rtol = tolerance(dtype)
         self.through = set(quantity.through)
         self._pools: dict = {}
@@ -197,13 +200,16 @@ class Tracer:
         return int(bad[0]) if bad.size else m
 
     def _leaf_run(self, rank: int, x: np.ndarray, I: np.ndarray, start: int, c: float) -> int:
+        """How far x[start:] is this rank's own data times c (the longest of its alternatives)."""
         idx = self.index[rank, I[start:]]
-        local = self.locals[rank]
-        valid = (idx >= 0) & (idx < local.size)
-        ok = valid.copy()
-        ok[valid] = self._close(x[start:][valid], c * local[idx[valid]])
-        bad = np.flatnonzero(~ok)
-        return int(bad[0]) if bad.size else ok.size
+        longest = 0
+        for local in self.options[rank]:
+            valid = (idx >= 0) & (idx < local.size)
+            ok = valid.copy()
+            ok[valid] = self._close(x[start:][valid], c * local[idx[valid]])
+            bad = np.flatnonzero(~ok)
+            longest = max(longest, int(bad[0]) if bad.size else ok.size)
+        return longest
 
     def _explain(self, rank: int, x: np.ndarray, I: np.ndarray, depth: int, before: int | None):
         """Weights [ws, len(x)] of every rank's own data in x (values on `rank`, elements I of the final
@@ -224,24 +230,38 @@ class Tracer:
                 if best is not None and best[0] == x.size - t:
                     W[rank, t:] += best[2]
                     return W, None
-            # (b) delivered data, scaled; (c) own data plus delivered data
+            # (b) delivered data, scaled; (c) own data (once, or twice: a mistake worth naming) plus delivered data
+            own = np.where(self.index[rank, I] >= 0,
+                           self.locals[rank][np.clip(self.index[rank, I], 0, max(0, self.locals[rank].size - 1))], np.nan) \
+                if self.locals[rank].size else np.full(x.size, np.nan)
             for s, s_eff in self._scales(rank, before, depth == 0):
-                for target, kind in ((x[t], "delivered"), (None, "accumulate")):
-                    if kind == "accumulate":
-                        idx = self.index[rank, I[t]]
-                        if idx < 0 or idx >= self.locals[rank].size:
-                            continue
-                        target = x[t] - self.locals[rank][idx]
-                        shifted = x - np.where(self.index[rank, I] >= 0,
-                                               self.locals[rank][np.clip(self.index[rank, I], 0, self.locals[rank].size - 1)], 0)
-                    else:
-                        shifted = x
-                    for j, p in self._lookup(pool, target / s):
+                for c, kind in ((0.0, "delivered"), (1.0, "accumulate"), (2.0, "accumulate")):
+                    shifted = x - c * own if c else x
+                    if np.isnan(shifted[t]):
+                        continue
+                    for j, p in self._lookup(pool, shifted[t] / s):
                         call, k, data = pool.entries[j]
                         used = self.used.setdefault((call.rank, call.seq, k), np.zeros(data.size, dtype=bool))
                         L = self._run_length(shifted, t, s, data, p, used)
                         if L and (best is None or L > best[0]):
-                            best = (L, kind, (call, k, p, s, s_eff))
+                            best = (L, kind, (call, k, p, s, s_eff, c))
+            if best is None or best[0] < x.size - t:
+                summed = self._sum_of_deliveries(rank, x, I, t, pool)
+                if summed is not None and (best is None or summed[0] > best[0]):
+                    L, parts, own = summed
+                    for call, k in parts:
+                        size = next(d.size for c, kk, d in pool.entries if c is call and kk == k)
+                        self.used.setdefault((call.rank, call.seq, k), np.zeros(size, dtype=bool))[t:t + L] = True
+                        if call not in self.calls:
+                            self.calls.append(call)
+                        sub = self._through(call, k, np.arange(t, t + L), I[t:t + L], depth)
+                        if isinstance(sub, Finding):
+                            return sub
+                        W[:, t:t + L] += sub
+                    if own:
+                        W[rank, t:t + L] += 1.0
+                    t += L
+                    continue
             if best is None:
                 return self._unexplained(rank, x, t, depth, before)
             L, kind, payload = best
@@ -249,18 +269,43 @@ class Tracer:
                 W[rank, t:t + L] += payload
                 t += L
                 continue
-            call, k, p, s, s_eff = payload
+            call, k, p, s, s_eff, c = payload
             self.used[(call.rank, call.seq, k)][p:p + L] = True
             if call not in self.calls:
                 self.calls.append(call)
             if kind == "accumulate":
-                W[rank, t:t + L] += 1.0
+                W[rank, t:t + L] += c
             sub = self._through(call, k, np.arange(p, p + L), I[t:t + L], depth)
             if isinstance(sub, Finding):
                 return sub
             W[:, t:t + L] += s_eff * sub
             t += L
         return W, None
+
+    def _sum_of_deliveries(self, rank: int, x: np.ndarray, I: np.ndarray, t: int, pool: _Pool):
+        """x[t:] as [the rank's own data +] the sum of several delivered vectors, each aligned with x
+        (a root that adds what every other rank sent it): (length, [(call, output)], own data used)."""
+        aligned = [(call, k, data) for call, k, data in pool.entries
+                   if data.size == x.size and not self.used.get((call.rank, call.seq, k), np.zeros(data.size, bool))[t]]
+        if len(aligned) < 2 or len(aligned) > 12:
+            return None
+        idx = self.index[rank, I[t:]]
+        local = self.locals[rank]
+        own_values = np.where((idx >= 0) & (idx < local.size), local[np.clip(idx, 0, max(0, local.size - 1))], np.nan)
+        best = None
+        for size in range(2, min(len(aligned), 2 * self.ws) + 1):
+            for combo in combinations(aligned, size):
+                total = np.sum([data[t:] for _, _, data in combo], axis=0)
+                for own in (False, True):
+                    target = total + (own_values if own else 0)
+                    ok = self._close(x[t:], target)
+                    bad = np.flatnonzero(~ok)
+                    L = int(bad[0]) if bad.size else ok.size
+                    if L and (best is None or L > best[0]):
+                        best = (L, [(call, k) for call, k, _ in combo], own)
+            if best is not None and best[0] == x.size - t:
+                break
+        return best
 
     def _through(self, call: Call, k: int, positions: np.ndarray, I: np.ndarray, depth: int):
         """Weights of each rank's own data in delivered elements `positions` of output k of `call`."""
