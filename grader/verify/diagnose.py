@@ -209,7 +209,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             extra = exercise.diagnose(quantity.name, data, ws, rank, {"calls": record.calls, "value": value}) or []
         except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
             extra = []
-        notes += [Note(key, dict(params)) for key, params in extra]
+        notes += [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # the exercise's own words
     return notes
 
 
