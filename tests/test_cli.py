@@ -93,6 +93,26 @@ def test_a_failing_rank_is_placed_in_its_collectives(lang):
     """Each failure verdict names the rank and the last collective it entered (or that it entered none)."""
     from grader.feedback.messages import render
     raised = run_cli("check", str(FIXTURES / "mistakes" / "m14_exception_rank1.py"), "--lang", lang)
-    assert render("detail.last_collective", {"rank": 1, "op": "all_reduce", "n": 1}, lang) in raised.stdout
+    assert render("detail.last_collective", {"rank": 1, "op": "all_reduce", "n": 1, "line": 14}, lang) in raised.stdout
     exited = run_cli("check", str(FIXTURES / "sandbox" / "os_exit.py"), "--lang", lang)
     assert render("detail.no_collective", {"rank": 0}, lang) in exited.stdout
+
+
+def test_list_shows_exercises_points_and_visible_world_sizes_only():
+    proc = run_cli("list", "--lang", "en")
+    assert proc.returncode == 0
+    line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("dist_primitives:"))
+    assert "100 points" in line and "visible world sizes 2)" in line
+    assert "3" not in line.split("(")[-1]   # the hidden world sizes stay hidden
+    zh = run_cli("list", "--lang", "zh")
+    assert "dist_primitives：" in zh.stdout and "可见进程数 2" in zh.stdout
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_exercise_is_a_clear_usage_error(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(SOLUTION), "--exercise", "no_such", "--results", str(results), "--lang", "en")
+    assert proc.returncode == 2
+    assert "There is no exercise called no_such. Exercises:" in proc.stdout
+    assert json.loads(results.read_text())["score"] == 0
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,11 +1,13 @@
-"""Fixture submissions graded through the real CLI (`python -m grader grade`): honest styles score 100,
-common mistakes get the partial scores and the named causes below (in English and Chinese), cheats
-score at most the static 10 points, unreadable input gets a clear message and 0.
+"""Fixture submissions of the first exercise graded through the real command line: honest styles score
+100, common mistakes get their partial scores and their causes named (in English and Chinese), attacks
+score 0 on every check they fake, input that cannot be graded gets a clear message and 0.
 
-Each grading costs ~2 s (world sizes 2, 3 and 4, a clean and a perturbed run each).
+Each folder of fixtures is graded by ONE `python -m grader batch` (parallel workers, one zygote each):
+the same `api.grade` as `grade`, without the clean run whose output only `check` and `grade` show.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -15,7 +17,7 @@ from grader.feedback.messages import render
 
 HONEST = sorted((FIXTURES / "honest").glob("*.py"))
 RUNTIME_IDS = [f"ws{ws}.{op}" for ws in (2, 3, 4) for op in ("all_reduce", "all_gather")]
-ALL_IDS = ["static.all_reduce", "static.all_gather", *RUNTIME_IDS]
+STATIC_IDS = ["static.all_reduce", "static.all_gather"]
 
 
 def ids(ws_list, op, outcome):
@@ -26,119 +28,142 @@ def failing(results: dict) -> dict:
     return {k: v for k, v in outcomes(results).items() if v != "pass"}
 
 
-def assert_no_traceback(proc):
-    assert "Traceback" not in proc.stdout and "Traceback" not in proc.stderr, proc.stderr
+def texts(results: dict) -> str:
+    return results["output"] + "\n" + "\n".join(t["output"] for t in results["tests"])
+
+
+_BATCHES: dict = {}
+ZH_SAMPLE = ("m01_summed_not_averaged", "m09_only_rank0_gathers", "m14_exception_rank1", "m16_reduce_op_max",
+             "m18_rank_not_rank_plus_one", "m20_swapped_return", "m22_gather_then_sum")
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """batch(folder, lang, *extra, only=names) -> {student: results.json}; each distinct call grades once."""
+    def grade(folder: str, lang: str = "en", *extra: str, only: tuple = ()) -> dict:
+        key = (folder, lang, extra, only)
+        if key not in _BATCHES:
+            source = FIXTURES / folder
+            if only:  # a class of a few of them
+                source = tmp_path_factory.mktemp(f"{folder}-class")
+                for name in only:
+                    (source / f"{name}.py").write_bytes((FIXTURES / folder / f"{name}.py").read_bytes())
+            out = tmp_path_factory.mktemp(f"{folder}-{lang}")
+            proc = run_cli("batch", str(source), "--out", str(out), "--lang", lang,
+                           "--exercise", "dist_primitives", *extra, timeout=400)
+            assert proc.returncode == 0, proc.stderr
+            assert "Traceback" not in proc.stdout + proc.stderr
+            _BATCHES[key] = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in out.glob("*.json")}
+        return _BATCHES[key]
+    return grade
 
 
 # ------------------------------------------------------------------------------------------------
-# Honest styles: 100
+# Honest styles: 100 (the engine issue's styles, h17-h34, and the first ones)
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("path", HONEST, ids=lambda p: p.stem)
-def test_honest_style_scores_100(path, grade):
-    results, proc = grade(path)
-    assert results["score"] == 100, proc.stdout
-    assert failing(results) == {}
-    assert proc.returncode == 0
+@pytest.mark.timeout(420)
+def test_every_honest_style_scores_100(batch):
+    graded = batch("honest")
+    assert sorted(graded) == [p.stem for p in HONEST]
+    wrong = {name: failing(results) for name, results in graded.items() if results["score"] != 100}
+    assert wrong == {}
 
 
 def test_there_are_enough_honest_styles():
-    assert len(HONEST) >= 12
+    assert len(HONEST) >= 30
 
 
 # ------------------------------------------------------------------------------------------------
 # Common mistakes: exact partial scores, outcome per check, and the cause named in both languages.
-# (name, score, non-passing outcomes, messages (catalog key, values) the report must hold, extra CLI args)
+# (name, score, non-passing outcomes, messages (catalog key, values) the feedback must hold)
 
 MISTAKES = [
     ("m01_summed_not_averaged", 55, ids((2, 3, 4), "all_reduce", "wrong"),
-     [("cause.summed_not_averaged", {})], ()),
+     [("cause.summed_not_averaged", {"quantity": "gradient"})]),
     ("m02_integer_gradient", 10, {i: "exception" for i in RUNTIME_IDS},
-     [("cause.integer_dtype", {})], ()),
+     [("cause.integer_dtype", {"quantity": "gradient", "dtype": "torch.int64"})]),
     ("m03_reduce_not_all_reduce", 50, {"static.all_reduce": "not_called", **ids((2, 3, 4), "all_reduce", "not_collective")},
-     [("cause.reduce_not_all_reduce", {}), ("static.not_called", {"op": "all_reduce"})], ()),
-    ("m04_shared_buffers", 55, ids((2, 3, 4), "all_gather", "wrong"),
-     [("cause.shared_buffers", {})], ()),
+     [("cause.rooted_op", {"op": "reduce"}), ("static.not_called", {"op": "all_reduce", "entry": "run_worker"}),
+      ("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather", "reduce"], "line": 7})]),
+    ("m04_shared_buffers", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.shared_buffers", {})]),
     ("m05_gather_list_too_short", 55, ids((2, 3, 4), "all_gather", "exception"),
-     [("cause.gather_list_size", {})], ()),
+     [("cause.gather_list_size", {"op": "all_gather"})]),
     ("m06_empty_gather_list", 55, ids((2, 3, 4), "all_gather", "exception"),
-     [("cause.gather_list_size", {})], ()),
-    ("m07_stack_not_cat", 55, ids((2, 3, 4), "all_gather", "wrong"),
-     [("cause.stack_not_cat", {})], ()),
+     [("cause.gather_list_size", {"op": "all_gather"})]),
+    ("m07_stack_not_cat", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.stack_not_cat", {})]),
     ("m08_hardcoded_world_size", 40, {**ids((3, 4), "all_reduce", "exception"), **ids((3, 4), "all_gather", "exception")},
-     [("cause.hardcoded_ws", {}), ("cause.gather_list_size", {})], ()),
+     [("cause.gather_list_size", {"op": "all_gather"})]),
     ("m09_only_rank0_gathers", 55, ids((2, 3, 4), "all_gather", "deadlock"),
-     [("fail.deadlock_inside", {"rank": 0, "op": "all_gather", "n": 1}),
-      ("cause.mismatch", {"calls": "rank 0: all_reduce(1024), all_gather(2x, 128); rank 1: all_reduce(1024)"}),
-      ("cause.mismatch_generic", {})], ()),
+     [("fail.deadlock_inside", {"rank": 0, "op": "all_gather", "n": 2, "line": 13}),
+      ("cause.mismatch", {"calls": [{"rank": 0, "ops": ["all_reduce(1024)", "all_gather(128)"]},
+                                    {"rank": 1, "ops": ["all_reduce(1024)"]}]})]),
     ("m10_extra_collective_rank0", 10, {i: "crash" for i in RUNTIME_IDS},
-     [("cause.mismatch", {"calls": "rank 0: all_reduce(1); rank 1: all_reduce(1024)"}),
-      ("fail.signal", {"rank": 0, "signal": 6, "name": "SIGABRT"}), ("cause.mismatch_generic", {})], ()),
+     [("cause.mismatch", {"calls": [{"rank": 0, "ops": ["all_reduce(1)"]}, {"rank": 1, "ops": ["all_reduce(1024)"]}]}),
+      ("fail.signal", {"rank": 0, "signal": 6, "name": "SIGABRT"})]),
     ("m11_assign_collective_result", 10, {i: "exception" for i in RUNTIME_IDS},
-     [("cause.assigned_none", {"op": "all_reduce"})], ()),
+     [("cause.assigned_none", {"op": "all_reduce"})]),
     ("m12_async_without_wait", 55, ids((2, 3, 4), "all_gather", "wrong"),
-     [("cause.async_no_wait", {})], ()),
+     [("cause.async_no_wait", {"op": "all_gather"})]),
     ("m13_no_return", 10, {i: "missing" for i in RUNTIME_IDS},
-     [("fail.missing", {"rank": 0, "quantity": "gradient", "returned": "NoneType"}), ("hint.missing", {})], ()),
+     [("fail.missing", {"rank": 0, "quantity": "gradient", "entry": "run_worker",
+                        "names": ["gradient", "full_feature"], "returned": "NoneType"})]),
     ("m14_exception_rank1", 55, ids((2, 3, 4), "all_gather", "exception"),
-     [("fail.exception", {"rank": 1, "type": "NameError", "message": "name 'factor' is not defined",
-                          "where": "line 15 in run_worker: local_feature = scale(torch.full((128,), float(rank)), rank); "
-                                   "line 7 in scale: return tensor * factor                          # NameError on rank 1 only"}),
-      ("fail.stopped", {"rank": 0, "other": 1})], ()),
+     [("fail.exception", {"rank": 1, "type": "NameError", "message": "name 'factor' is not defined", "frames": [
+         {"line": 15, "function": "run_worker", "text": "local_feature = scale(torch.full((128,), float(rank)), rank)"},
+         {"line": 7, "function": "scale", "text": "return tensor * factor                          # NameError on rank 1 only"}]}),
+      ("fail.stopped", {"rank": 0, "other": 1})]),
     ("m15_endless_loop", 10, {i: "timeout" for i in RUNTIME_IDS},
-     [("fail.timeout_outside", {"rank": 1}), ("fail.timeout_inside", {"rank": 0, "op": "all_gather", "n": 1})],
-     ("--time-limit", "4")),
+     [("fail.timeout_outside", {"rank": 1}), ("fail.timeout_inside", {"rank": 0, "op": "all_gather", "n": 2, "line": 13})]),
+    ("m16_reduce_op_max", 55, ids((2, 3, 4), "all_reduce", "wrong"),
+     [("cause.reduce_op", {"op": "all_reduce", "reduce": "MAX", "line": 7})]),
+    ("m17_avg_then_divided", 55, ids((2, 3, 4), "all_reduce", "wrong"), [("cause.averaged_twice", {"quantity": "gradient"})]),
+    ("m18_rank_not_rank_plus_one", 55, ids((2, 3, 4), "all_reduce", "wrong"),
+     [("cause.contribution", {"quantity": "gradient", "rank": 0, "op": "all_reduce", "line": 7,
+                              "sent": "[0 x1024]", "own": "[1 x1024]"})]),
+    ("m19_floor_division", 55, ids((2, 3, 4), "all_reduce", "wrong"), [("cause.floor_division", {"quantity": "gradient"})]),
+    ("m20_swapped_return", 10, {i: "wrong" for i in RUNTIME_IDS},
+     [("cause.swapped", {"quantity": "gradient", "other": "full_feature"}),
+      ("cause.swapped", {"quantity": "full_feature", "other": "gradient"})]),
+    ("m21_cat_before_wait", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.read_before_wait", {"quantity": "full_feature", "op": "all_gather"})]),
+    ("m22_gather_then_sum", 50, {"static.all_reduce": "not_called", **ids((2, 3, 4), "all_reduce", "not_collective")},
+     [("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather"], "line": 10})]),
 ]
 BY_NAME = {m[0]: m for m in MISTAKES}
+# "hard-coded world size" is said only where the value follows a constant of the source
+NEVER_HARDCODED = {"m01_summed_not_averaged", "m16_reduce_op_max", "m17_avg_then_divided", "m18_rank_not_rank_plus_one",
+                   "m19_floor_division"}
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(420)
 @pytest.mark.parametrize("lang", ["en", "zh"])
-@pytest.mark.parametrize("name", list(BY_NAME))
-def test_mistake_scores_and_is_named(name, lang, grade):
-    _, score, expected_outcomes, messages, extra = BY_NAME[name]
-    results, proc = grade(FIXTURES / "mistakes" / f"{name}.py", *extra, lang=lang)
-    assert results["score"] == score, proc.stdout
-    assert failing(results) == expected_outcomes
-    for key, params in messages:
-        assert render(key, params, lang) in proc.stdout, (key, proc.stdout)
-    assert_no_traceback(proc)
-    assert_hidden_reveals_nothing(results, lang)
+def test_mistakes_score_and_are_named(lang, batch):
+    """Every mistake in English; in Chinese, a sample covering the kinds of feedback (the same code
+    renders both: tests/test_teach_messages.py checks the catalog itself)."""
+    if lang == "en":
+        graded = batch("mistakes", lang, "--time-limit", "5")
+        assert sorted(graded) == sorted(BY_NAME) == sorted(p.stem for p in (FIXTURES / "mistakes").glob("*.py"))
+    else:
+        graded = batch("mistakes", lang, "--time-limit", "5", only=ZH_SAMPLE)
+    for name, score, expected, messages in [m for m in MISTAKES if m[0] in graded]:
+        results = graded[name]
+        assert (results["score"], failing(results)) == (score, expected), name
+        text = texts(results)
+        for key, params in messages:
+            assert render(key, params, lang) in text, (name, key, text)
+        if name in NEVER_HARDCODED:
+            assert render("cause.hardcoded_ws", {"quantity": "gradient", "k": 2}, lang).split("2")[0] not in text, name
+        assert_hidden_reveals_nothing(results)
 
 
 def test_there_are_enough_mistakes():
-    assert len(MISTAKES) >= 10 and len(list((FIXTURES / "mistakes").glob("*.py"))) == len(MISTAKES)
+    assert len(MISTAKES) >= 20
 
 
-@pytest.mark.timeout(60)
-def test_visible_checks_show_expected_and_actual_per_rank(grade):
-    """Per rank: expected shape and values, what came back (shape, dtype, first values), and the cause."""
-    results, _ = grade(FIXTURES / "mistakes" / "m01_summed_not_averaged.py")
-    test = next(t for t in results["tests"] if t["name"] == "2 ranks: gradient averaged with all_reduce")
-    assert test["output"].splitlines() == [
-        "Cause: the gradient is world_size times too large: after all_reduce (SUM), divide by world_size.",
-        "Rank 0: gradient has wrong values.",
-        "Rank 1: gradient has wrong values.",
-        "  rank 0 gradient: expected shape [1024], values [1.5 x1024]; got shape [1024], dtype torch.float32, values [3 x1024]",
-        "  rank 1 gradient: expected shape [1024], values [1.5 x1024]; got shape [1024], dtype torch.float32, values [3 x1024]",
-    ]
-    results, _ = grade(FIXTURES / "mistakes" / "m07_stack_not_cat.py", lang="zh")
-    test = next(t for t in results["tests"] if t["name"] == "2 个进程：All-Gather 拼接特征")
-    assert ("  进程 1 的 full_feature：期望形状 [256]、数值 [0 x128, 1 x128]；"
-            "实际形状 [2, 128]、dtype torch.float32、数值 [0 x128, 1 x128]") in test["output"]
+SAFE_TOKENS = re.compile(r"float32|int64|float\(rank \+ 1\)|\(rank \+ 1\)|\(\(n,\), rank \+ 1\)|dim=0|2-D|1/world_size|"
+                         r"all_\w+|Hidden check [12]|隐藏测试 [12]")
 
 
-@pytest.mark.timeout(60)
-def test_exception_shows_only_the_students_frames(grade):
-    _, proc = grade(FIXTURES / "mistakes" / "m14_exception_rank1.py")
-    for grader_frame in ("rank.py", "grader/", "zygote", "runner.py", "site-packages"):
-        assert grader_frame not in proc.stdout
-
-
-SAFE_TOKENS = re.compile(r"float32|int64|float\(rank \+ 1\)|\(rank \+ 1\)|\(\(n,\), rank \+ 1\)|dim=0|2-D|Hidden check [12]|隐藏测试 [12]")
-
-
-def assert_hidden_reveals_nothing(results: dict, lang: str) -> None:
+def assert_hidden_reveals_nothing(results: dict) -> None:
     """Hidden checks: a verdict, a hint and named mistakes; no numbers (world sizes, expected values,
     shapes, ranks), no code lines, no per-rank details."""
     hidden = [t for t in results["tests"] if t["visibility"] == "after_published"]
@@ -146,40 +171,82 @@ def assert_hidden_reveals_nothing(results: dict, lang: str) -> None:
     for test in hidden:
         text = SAFE_TOKENS.sub("", test["name"] + "\n" + test["output"])
         assert not re.search(r"\d", text), test
-        for word in ("expected", "期望", "line ", "rank 0", "rank 1", "进程 0", "进程 1"):
+        for word in ("expected", "期望", "line ", "第", "rank 0", "rank 1", "进程 0", "进程 1"):
             assert word not in test["output"], test
 
 
 # ------------------------------------------------------------------------------------------------
-# Cheating: at most the static 10 points
+# Attacks: 0 on every check they fake (the static points stay: the code does call the collectives)
 
-CHEATS = [
-    ("c01_local_compute_throwaway", "not_collective"),
-    ("c02_patch_comparisons", "wrong"),
-    ("c03_tensor_subclass", "bad_type"),
-    ("c04_fake_output", "bad_type"),
-    ("c05_patch_collectives", "not_collective"),
-    ("c06_grader_state", "not_collective"),
-    ("c07_exit_before_checks", "early_exit"),
-    # reads its rank's perturbation state from the grader's module and swaps it with the other ranks:
-    # there is nothing to read any more (the supervisor sends each call's deltas only when it is made)
-    ("c08_forge_shift_from_seeds", "not_collective"),
-    # learns the perturbation through collectives on zeros and adds it to local answers
-    ("c09_probe_perturbation_with_zeros", "not_collective"),
-]
+CHEATS = {
+    "c01_local_compute_throwaway": "not_collective",
+    "c02_patch_comparisons": "wrong",
+    "c03_tensor_subclass": "bad_type",
+    "c04_fake_output": "missing",
+    "c05_patch_collectives": "not_collective",
+    "c06_grader_state": "not_collective",
+    "c07_exit_before_checks": "early_exit",
+    "c08_forge_shift_from_seeds": "not_collective",          # no seed is in the rank before its operation
+    "c09_probe_perturbation_with_zeros": "not_collective",
+    # answers added to buffers in flight: lost when the data lands after the edit (a wrong value), or kept
+    # when it landed before (the right numbers, not what was delivered): 0 either way
+    "c10_async_probe_edit_before_wait": {"not_collective", "wrong"},
+    "c11_async_probe_edit_after_sleep": {"not_collective", "wrong"},
+    "c13_one_rank_for_all": "not_collective",
+    "c14_racing_thread": "not_collective",
+    "c15_torch_function_mode": "wrong",                     # the grader's reads ignore the student's mode
+}
+
+
+@pytest.mark.timeout(420)
+def test_every_attack_scores_zero_on_what_it_fakes(batch):
+    graded = batch("cheats")
+    for name, outcome in CHEATS.items():
+        results = graded[name]
+        assert results["score"] == 10, (name, failing(results))
+        allowed = outcome if isinstance(outcome, set) else {outcome}
+        assert set(failing(results)) == set(RUNTIME_IDS) and set(failing(results).values()) <= allowed, name
+    # laundering fakes the gradient only: its feature is honest
+    laundered = graded["c12_launder_local_average"]
+    assert failing(laundered) == ids((2, 3, 4), "all_reduce", "not_collective")
+    assert render("why.contribution", {"rank": 0, "n": 1, "op": "all_reduce", "line": 10, "sent": "[1.5 x1024]",
+                                       "own": "[1 x1024]"}, "en") in texts(laundered)
+
+
+def test_there_are_enough_cheats():
+    assert len(CHEATS) + 1 == len(list((FIXTURES / "cheats").glob("*.py"))) >= 15
+
+
+# ------------------------------------------------------------------------------------------------
+# One submission at a time, through `grade` and `check`
+
+@pytest.mark.timeout(60)
+def test_visible_checks_show_expected_and_actual_per_rank(grade):
+    results, _ = grade(FIXTURES / "mistakes" / "m01_summed_not_averaged.py")
+    test = next(t for t in results["tests"] if t["name"] == "Gradient averaged with all_reduce (2 ranks)")
+    assert test["output"].splitlines() == [
+        "Cause: gradient is world_size times the mean: after the sum (SUM), divide by world_size.",
+        "Rank 0: gradient has wrong values.",
+        "Rank 1: gradient has wrong values.",
+        "  rank 0 gradient: expected shape [1024], values [1.5 x1024]; got shape [1024], dtype torch.float32, values [3 x1024]",
+        "  rank 1 gradient: expected shape [1024], values [1.5 x1024]; got shape [1024], dtype torch.float32, values [3 x1024]",
+    ]
+    results, _ = grade(FIXTURES / "mistakes" / "m07_stack_not_cat.py", lang="zh")
+    test = next(t for t in results["tests"] if t["name"] == "All-Gather 拼接特征（2 个进程）")
+    assert ("  进程 1 的 full_feature：期望形状 [256]、数值 [0 x128, 1 x128]；"
+            "实际形状 [2, 128]、dtype torch.float32、数值 [0 x128, 1 x128]") in test["output"]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("name, outcome", CHEATS, ids=[c[0] for c in CHEATS])
-def test_cheat_scores_at_most_the_static_points(name, outcome, grade, tmp_path):
-    results, proc = grade(FIXTURES / "cheats" / f"{name}.py")
-    assert results["score"] == 10, proc.stdout
-    assert failing(results) == {i: outcome for i in RUNTIME_IDS}
-    assert [t["score"] for t in results["tests"]] == [5, 5, 0, 0, 0, 0, 0, 0]
+def test_exception_shows_only_the_students_frames_in_the_reports_language(grade):
+    results, proc = grade(FIXTURES / "mistakes" / "m14_exception_rank1.py", lang="zh")
+    for grader_frame in ("rank.py", "grader/", "zygote", "runner.py", "site-packages", "line 15 in"):
+        assert grader_frame not in proc.stdout
+    assert "（第 15 行，run_worker 中：local_feature = scale(torch.full((128,), float(rank)), rank)；第 7 行，scale 中：" in proc.stdout
 
 
 @pytest.mark.timeout(60)
-def test_fake_output_and_fake_results_change_nothing(grade, tmp_path):
+def test_fake_output_and_fake_results_change_nothing(grade):
     results, proc = grade(FIXTURES / "cheats" / "c04_fake_output.py")
     assert results["score"] == 10 and len(results["tests"]) == 8
     assert proc.stdout.startswith("== c04_fake_output.py: Score: 10 / 100 ==")
@@ -188,43 +255,34 @@ def test_fake_output_and_fake_results_change_nothing(grade, tmp_path):
     assert not (ROOT / "results.json").exists()
 
 
-def test_there_are_enough_cheats():
-    assert len(CHEATS) >= 6
-
-
-# ------------------------------------------------------------------------------------------------
-# Input that cannot be graded: a clear message and 0, never a traceback
-
 BAD = [
     ("b01_syntax_error.py", "syntax_error", ("static.syntax_error", {"line": 5, "message": "expected ':'"})),
-    ("b02_no_run_worker.py", "no_entry", ("static.no_entry", {})),
+    ("b02_no_run_worker.py", "no_entry", ("static.no_entry", {"entry": "run_worker"})),
     ("b03_empty.py", "not_submitted", ("load.empty", {"file": "b03_empty.py"})),
     ("b04_not_utf8.py", "not_submitted", ("load.not_utf8", {"file": "b04_not_utf8.py", "offset": 29})),
 ]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("lang", ["en", "zh"])
 @pytest.mark.parametrize("filename, outcome, message", BAD, ids=[b[0] for b in BAD])
-def test_ungradable_input_gets_a_clear_message_and_zero(filename, outcome, message, lang, grade):
-    results, proc = grade(FIXTURES / "bad" / filename, lang=lang)
-    assert results["score"] == 0
-    assert set(outcomes(results).values()) == {outcome}
-    text = render(*message, lang)
-    assert text in proc.stdout and text in results["output"]
-    assert proc.returncode == 0
-    assert_no_traceback(proc)
+def test_ungradable_input_gets_a_clear_message_and_zero(filename, outcome, message, grade):
+    for lang in ("en", "zh"):
+        results, proc = grade(FIXTURES / "bad" / filename, "--exercise", "dist_primitives", lang=lang)
+        assert results["score"] == 0
+        assert set(outcomes(results).values()) == {outcome}
+        text = render(*message, lang)
+        assert text in proc.stdout and text in results["output"]
+        assert proc.returncode == 0
+        assert "Traceback" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("lang", ["en", "zh"])
-def test_unchanged_stub_scores_zero_with_a_todo_message(lang, grade):
-    results, proc = grade(ROOT / "assignments" / "dist_primitives" / "dist_primitives.py", lang=lang)
+def test_unchanged_stub_scores_zero_with_a_todo_message(grade):
+    results, proc = grade(ROOT / "assignments" / "dist_primitives" / "dist_primitives.py", lang="zh")
     assert results["score"] == 0
     assert set(failing(results).values()) == {"todo"}
-    assert render("static.todo", {}, lang) in results["output"]
-    assert render("fail.todo", {"rank": 0}, lang) in proc.stdout
-    assert_no_traceback(proc)
+    assert "run_worker 仍然抛出 NotImplementedError：请先完成 TODO 1（all_reduce）和 TODO 2（all_gather）。" in results["output"]
+    assert render("fail.todo", {"rank": 0}, "zh") in proc.stdout
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""The AST rules of grader/static.py, called directly (no processes)."""
+"""The AST rules of grader/submission/static.py, called directly (no processes)."""
 from __future__ import annotations
 
 import ast
@@ -119,14 +119,67 @@ def test_definitions_only_keeps_definitions_and_drops_launches():
 
 
 @pytest.mark.parametrize("src, expected", [
-    ("gradient = dist.all_reduce(gradient)", {"all_reduce": [3]}),
-    ("parts = dist.all_gather(l, t)", {"all_gather": [3]}),
-    ("g: object = dist.all_reduce(g, async_op=False)", {"all_reduce": [3]}),
-    ("work = dist.all_reduce(g, async_op=True)", {}),
-    ("work = dist.all_gather(l, t, None, True)", {}),
-    ("dist.all_reduce(g)", {}),
-    ("x = torch.cat(l)", {}),
+    ("gradient = dist.all_reduce(gradient)", [("all_reduce", 3)]),
+    ("parts = dist.all_gather(l, t)", [("all_gather", 3)]),
+    ("g: object = dist.all_reduce(g, async_op=False)", [("all_reduce", 3)]),
+    ("work = dist.all_reduce(g, async_op=True)", []),
+    ("work = dist.all_gather(l, t, None, True)", []),
+    ("dist.all_reduce(g)", []),
+    ("x = torch.cat(l)", []),
+    ("y = funcol.all_reduce(g, 'sum', None)", []),   # functional collectives return their result
 ])
 def test_assigned_collective_results(src, expected):
-    module = f"import torch\nimport torch.distributed as dist\n{src}\n"
-    assert static.assigned_results(ast.parse(module)) == expected
+    module = f"import torch\nimport torch.distributed as dist\nimport torch.distributed._functional_collectives as funcol\n{src}\n"
+    assert static.assigned_results(ast.parse(module)) == [(op, line + 1) for op, line in expected]
+
+
+@pytest.mark.parametrize("src, op", [
+    # every call form names the operation: partial (module level or local), getattr with a constant,
+    # lambda, a name bound to it, functional collectives, dist.nn, the _into_tensor/_single/_base variants
+    ("import functools, torch.distributed as dist\nR = functools.partial(dist.all_reduce, op=None)\ndef run_worker(r, w):\n    R(t)\n", "all_reduce"),
+    ("import functools, torch.distributed as dist\ndef run_worker(r, w):\n    f = functools.partial(dist.all_reduce)\n    f(t)\n", "all_reduce"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    getattr(dist, 'all_gather')(l, t)\n", "all_gather"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    go = lambda x: dist.all_reduce(x)\n    go(t)\n", "all_reduce"),
+    ("import torch.distributed as dist\nOPS = {'sum': dist.all_reduce}\ndef run_worker(r, w):\n    OPS['sum'](t)\n", "all_reduce"),
+    ("import torch.distributed._functional_collectives as fc\ndef run_worker(r, w):\n    fc.all_gather_tensor(t, 0, g)\n", "all_gather"),
+    ("from torch.distributed._functional_collectives import all_reduce\ndef run_worker(r, w):\n    all_reduce(t, 'sum', g)\n", "all_reduce"),
+    ("import torch.distributed.nn.functional as F\ndef run_worker(r, w):\n    F.all_gather(t)\n", "all_gather"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    dist.nn.functional.all_reduce(t)\n", "all_reduce"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    dist.all_gather_into_tensor(o, t)\n", "all_gather"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    dist.all_gather_single(o, t)\n", "all_gather"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    dist._all_gather_base(o, t)\n", "all_gather"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    dist.reduce_scatter_tensor(o, t)\n", "reduce_scatter"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    dist.group.WORLD.allreduce([t])\n", "all_reduce"),
+    ("import torch\ndef run_worker(r, w):\n    torch.nn.parallel.DistributedDataParallel(m)\n", "all_reduce"),
+    ("import torch.distributed as dist\ndef run_worker(r, w):\n    ops = [dist.P2POp(dist.isend, t, 1)]\n", "send"),
+])
+def test_every_call_form_reaches_its_operation(src, op):
+    assert op in reached(src)
+
+
+def test_a_bound_name_in_dead_code_or_unused_counts_for_nothing():
+    src = """
+    import functools, torch.distributed as dist
+    R = functools.partial(dist.all_reduce)
+    def run_worker(r, w):
+        if False:
+            R(t)
+        return None
+    """
+    assert reached(src) == set()
+
+
+def test_torch_modules_to_preload():
+    src = "import torch.distributed._functional_collectives as fc\nimport torch.distributed as dist\ndef run_worker(r, w):\n    dist.nn.functional.all_reduce(t)\n"
+    modules = inspect(src).torch_modules
+    assert "torch.distributed._functional_collectives" in modules and "torch._dynamo" in modules
+    assert "torch.distributed.nn" in modules
+
+
+@pytest.mark.parametrize("src, problem", [
+    ("def run_worker(:\n", "static.syntax_error"),
+    ("x = " + "(" * 3000 + "1" + ")" * 3000 + "\n", "static.syntax_error"),  # too deep for the parser
+])
+def test_unparsable_source_is_the_students_problem(src, problem):
+    tree, found = static.parse_source(src, "s.py")
+    assert tree is None and found.key == problem

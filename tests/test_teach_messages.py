@@ -1,4 +1,4 @@
-"""The teaching report's numbers (grader/teach.py) and the message catalog (grader/messages.py), directly."""
+"""The teaching report's numbers (feedback/teach.py) and the message catalog (feedback/messages.py), directly."""
 from __future__ import annotations
 
 import string
@@ -7,6 +7,7 @@ import pytest
 
 from grader.feedback import messages, render
 from grader.model import Note
+from grader.processes.protocol import Call
 from grader.processes.runner import RankRecord, RunOutcome, RunRequest
 from grader.feedback.teach import ring_volume, teaching_notes
 
@@ -22,19 +23,24 @@ def test_ring_volume(op, n, size, volume, formula):
     assert ring_volume(op, n, size) == (volume, formula)
 
 
-def _rank(rank, calls):
-    rec = RankRecord(rank)
-    for op, n, arg, ms in calls:
-        rec.calls.append({"t": "enter", "op": op, "n": n, "args": arg})
-        rec.calls.append({"t": "exit", "op": op, "n": n, "ok": True, "ms": ms})
-    return rec
+def _call(rank, seq, op, method, numel, dtype, ms, outputs=1, api=None):
+    """A completed operation as a rank reports it (protocol.Call): `numel` elements sent per rank."""
+    tensor = {"dtype": dtype, "shape": [numel], "numel": numel}
+    call = Call(rank=rank, seq=seq, method=method, op=op, group=(0, 1, 2, 3), sends=True, receives=True,
+                api=api or op, inputs=[tensor], outputs=[tensor] * outputs)
+    call.completed, call.ok, call.ms = True, True, ms
+    call.delivered = [tensor] * outputs
+    return call
 
 
 def test_teaching_notes_per_rank_and_collective():
-    grad = {"tensor": {"dtype": "torch.float64", "shape": [1024], "numel": 1024}}
-    feat = {"tensor_list": {"len": 4}, "tensor": {"dtype": "torch.float32", "shape": [128], "numel": 128}}
-    run = RunOutcome(RunRequest(world_size=4, source="", filename="s.py"),
-                     [_rank(r, [("all_reduce", 0, grad, 2.0), ("all_gather", 0, feat, 0.5)]) for r in range(4)])
+    ranks = []
+    for r in range(4):
+        rec = RankRecord(r)
+        rec.calls = [_call(r, 0, "all_reduce", "allreduce", 1024, "torch.float64", 2.0),
+                     _call(r, 1, "all_gather", "allgather", 128, "torch.float32", 0.5, outputs=4)]
+        ranks.append(rec)
+    run = RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), ranks)
     notes = teaching_notes(run)
     assert notes[0] == Note("teach.header", {"ws": 4, "backend": "gloo"})
     by = {(n.params["rank"], n.params["op"]): n.params for n in notes[1:]}
@@ -48,6 +54,19 @@ def test_teaching_notes_per_rank_and_collective():
     text = messages.render("teach.collective", by[0, "all_gather"], "en")
     assert text == ("  rank 0 all_gather: 0.50 ms; 2048 bytes of data, a ring sends about 1536 bytes per rank "
                     "((4-1)/4 x 2048), about 3.07 MB/s")
+
+
+def test_point_to_point_traffic_per_rank():
+    rec = RankRecord(0)
+    send = _call(0, 0, "send", "send", 100, "torch.float32", 0.1)
+    send.receives, send.delivered, send.peer = False, [], 1
+    recv = _call(0, 1, "recv", "recv", 50, "torch.float32", 0.1)
+    recv.sends, recv.inputs, recv.peer = False, [], 3
+    rec.calls = [send, recv]
+    run = RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), [rec])
+    p2p = [n for n in teaching_notes(run) if n.key == "teach.p2p"]
+    assert p2p[0].params == {"rank": 0, "sends": 1, "sent": 400, "to": ["1"], "recvs": 1, "received": 200, "frm": ["3"]}
+    assert messages.render("teach.p2p", p2p[0].params, "zh") == "  进程 0：发送 1 次共 400 字节（给进程 1），接收 1 次共 200 字节（来自进程 3）"
 
 
 def test_no_teaching_notes_without_completed_collectives():
@@ -66,11 +85,40 @@ def test_catalog_has_both_languages_with_the_same_placeholders():
 
 
 def test_hidden_causes_carry_no_values():
-    for key in render.SAFE_CAUSES:
+    """A hidden check shows only causes whose words name quantities and operations: no values, lines,
+    ranks or world sizes; the value-carrying causes have value-free variants."""
+    safe = [key for key in messages.CATALOG if render.hidden_safe(key)]
+    assert "cause.summed_not_averaged" in safe and "cause.contribution" not in safe and "cause.mismatch" not in safe
+    for key in safe:
         zh, en = messages.CATALOG[key]
-        assert _fields(zh) <= {"op"} and _fields(en) <= {"op"}, key
+        assert _fields(zh) <= render.SAFE_PARAMS and _fields(en) <= render.SAFE_PARAMS, key
     for key, variant in render.HIDDEN_VARIANTS.items():
-        assert variant in render.SAFE_CAUSES and key not in render.SAFE_CAUSES
+        assert render.hidden_safe(variant) and not render.hidden_safe(key)
+
+
+CJK = "\u4e00-\u9fff"
+
+
+def test_chinese_is_chinese_throughout():
+    """Full-width punctuation next to Chinese words; no English sentence inside a Chinese message."""
+    import re
+    for key, (zh, _) in messages.CATALOG.items():
+        if not re.search(f"[{CJK}]", zh):
+            continue
+        assert not re.search(f"[{CJK}][:,;?!]|[:,;?!] ?[{CJK}]", zh), (key, zh)
+        assert not re.search(f"[{CJK}]\\(|\\)[{CJK}]", zh), (key, zh)   # ASCII brackets around Chinese words
+        # no English phrase (two plain words in a row) outside placeholders and code
+        prose = re.sub(r"\{[^}]*\}|\S*[._=()\[\]/*]\S*", " ", zh)
+        assert not re.search(r"\b[A-Za-z]{2,} [A-Za-z]{2,}\b", prose), (key, zh)
+
+
+def test_exception_frames_are_worded_in_the_report_language():
+    frames = [{"line": 8, "function": "run_worker", "text": "gradient /= world_size"}]
+    params = {"rank": 0, "type": "RuntimeError", "message": "boom", "frames": frames}
+    assert messages.render("fail.exception", params, "zh") == "进程 0 抛出异常 RuntimeError: boom（第 8 行，run_worker 中：gradient /= world_size）"
+    assert messages.render("fail.exception", params, "en") == "Rank 0 raised RuntimeError: boom (line 8 in run_worker: gradient /= world_size)"
+    listing = [{"rank": 0, "ops": ["all_reduce(1024)", "all_gather(128)"]}, {"rank": 1, "ops": ["all_reduce(1024)"]}]
+    assert messages.render("cause.mismatch", {"calls": listing}, "zh").endswith("进程 0：all_reduce(1024)、all_gather(128)；进程 1：all_reduce(1024)")
 
 
 @pytest.mark.parametrize("env, lang", [({"LANG": "en_US.UTF-8"}, "en"), ({"LANG": "zh_CN.UTF-8"}, "zh"),

@@ -173,7 +173,8 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
         if call.reduce not in (None, "SUM", "AVG"):
             notes.append(Note("cause.reduce_op", {**label, "op": op_name(call), "reduce": call.reduce, "line": call.line or "?"}))
             break
-    if data is not None and data.size == expected.size and value.floating:
+    used_through = bool(calls)   # value patterns say something only if the value went through its operation
+    if data is not None and data.size == expected.size and value.floating and used_through:
         if quantity.combine == "mean":
             if all_close(data, expected * ws, value.dtype):
                 notes.append(Note("cause.summed_not_averaged", {**label, "ws": ws}))
@@ -186,7 +187,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
                 and not all_close(data, expected, value.dtype):
             notes.append(Note("cause.unchanged", {**label, "op": op_name(calls[0]) if calls else "-"}))
         k = _hardcoded(quantity, data, ws, value.dtype, source)
-        if k is not None:
+        if k is not None and not any(n.key == "cause.summed_not_averaged" for n in notes):
             notes.append(Note("cause.hardcoded_ws", {**label, "k": k}))
     if data is not None and value.shape and list(value.shape) != shape:
         if quantity.combine == "concat" and list(value.shape) == [ws, int(np.prod(shape)) // ws]:
@@ -234,15 +235,15 @@ def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]
 
 def _read_before_wait(calls: list[Call], data) -> bool:
     """An async operation whose result was read before its wait(): the value still holds the buffer's
-    contents from before the operation (zeros, typically)."""
-    asyncs = [c for c in calls if c.async_op]
+    contents from before the operation (zeros, typically). (Never waited at all: async_no_wait says so.)"""
+    asyncs = [c for c in calls if c.async_op and c.waited]
     return bool(asyncs) and data is not None and data.size > 0 and bool(np.all(data == 0))
 
 
 def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str) -> int | None:
     """The value is what another world size k would give, and k is written as a constant in the source."""
     constants = _constants(source)
-    for k in range(1, 9):
+    for k in range(2, 9):
         if k == ws or k not in constants:
             continue
         if quantity.combine == "mean":
@@ -273,7 +274,8 @@ def _constants(source: str) -> frozenset:
 def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
     notes = []
     through = set(quantity.through)
-    if through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
+    returned = (record.result or {}).get("how") == "return"   # a rank that stopped early says nothing of its ops
+    if returned and through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
         others = [c for c in record.calls if c.op not in ("barrier", "send", "recv")]
         if others:
             used = sorted({op_name(c) for c in others})
@@ -291,6 +293,9 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
         if call.error and "invalid output tensor list" in call.error:
             notes.append(Note("cause.gather_list_size", {"got": "?", "op": op_name(call)}))
             break
+    waiting = async_without_wait([c for c in record.calls if c.op in through])
+    if waiting is not None and (record.result or {}).get("how") == "return":
+        notes.append(Note("cause.async_no_wait", {"op": op_name(waiting)}))
     return notes
 
 
@@ -318,6 +323,22 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
     if any(_own_fault_outside(run, rec) for rec in run.ranks):
         return None
     return Note("cause.mismatch", {"calls": [{"rank": rec.rank, "ops": list(seq)} for rec, seq in zip(run.ranks, sequences)]})
+
+
+def floor_of_delivered(quantity, value: Value, record: RankRecord, ws: int) -> bool:
+    """The value is a delivered vector scaled and floored (`//=`): right by luck where the mean is whole."""
+    if value.data is None:
+        return False
+    for call in record.calls:
+        if call.op not in quantity.through or not call.completed:
+            continue
+        for data in call.delivered_values():
+            if data is None or data.size < value.data.size:
+                continue
+            for s in (1.0, 1.0 / ws):
+                if np.array_equal(np.floor(s * data[:value.data.size]), value.data):
+                    return True
+    return False
 
 
 def blocked_in_send(run: RunOutcome) -> Note | None:

@@ -102,10 +102,10 @@ class Judge:
             if proof is None:
                 continue
             if proof.ok:
-                return True, proof
+                return True, proof  # a snapshot that proves out is evidence too
             _, snapshot = self.value(run.ranks[rank], quantity.name)
             if snapshot:
-                continue  # a value in the making (the rank never returned) proves nothing either way
+                continue  # a value in the making (the rank never returned) disproves nothing
             failed = failed or proof
         return (False, failed) if failed is not None else (None, None)
 
@@ -217,7 +217,7 @@ class Judge:
                 if detail in ("detail.values", "detail.shape", "detail.dtype"):
                     notes.extend(diagnose.value_causes(quantity, value, ws, record.rank, record, others,
                                                        self.source, self.exercise))
-                if detail == "detail.values" and quantity.provenance:
+                if detail == "detail.values" and quantity.provenance and not any(n.key.startswith("cause.") for n in notes):
                     notes.extend(self._weights(runs, quantity, record.rank))
                 notes.append(Note(detail, label))
                 details.append(self._rank_value(quantity, ws, record.rank, value))
@@ -227,10 +227,19 @@ class Judge:
             if proven and waiting is not None:
                 outcome = Outcome.WRONG   # right by luck: the result of an un-waited operation may not have arrived
                 notes.append(Note("fail.async_no_wait", {**label, "op": diagnose.op_name(waiting)}))
+            elif proven is False and "//" in self.source and any(
+                    diagnose.floor_of_delivered(quantity, self.value(p.ranks[record.rank], quantity.name)[0],
+                                                p.ranks[record.rank], ws) for p in runs.perturbed):
+                outcome = Outcome.WRONG   # right here by luck: the mean happens to be whole
+                notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
             elif proven is False:
                 outcome = Outcome.NOT_COLLECTIVE
                 notes.append(Note("fail.not_collective", {**label, "ops": _ops_text(quantity)}))
                 notes.extend(_why(proof, quantity))
+            elif proven is None and failure is not None:   # never observed, because the rank stopped
+                outcome, note = failure
+                notes.append(note)
+                details.extend(diagnose.last_call(record, note))
             elif proven is None:
                 outcome = Outcome.NOT_COLLECTIVE
                 notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))

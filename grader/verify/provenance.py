@@ -333,8 +333,8 @@ class Tracer:
         local = self.locals[term.rank]
         own = local[np.clip(idx, 0, max(0, local.size - 1))] if local.size else np.zeros(0)
         return Finding("contribution", {"rank": term.rank, "op": term.call.op, "line": term.call.line,
-                                        "n": term.call.seq + 1, "sent": sent[pos][:64].tolist(),
-                                        "own": own[:64].tolist()})
+                                        "n": term.call.seq + 1, "sent": sent[pos][:4096].tolist(),
+                                        "own": own[:4096].tolist()})
 
     def _unexplained(self, rank: int, x: np.ndarray, t: int, depth: int, before) -> Finding:
         pool = self._pool(rank, before)

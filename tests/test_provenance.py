@@ -1,0 +1,254 @@
+"""Provenance on synthetic observations (verify/observe.py, verify/provenance.py): no processes.
+
+A small simulator plays the ranks: what each sends (its contribution, before the secret deltas), the
+deltas the supervisor's seeds imply (perturb.delta_values), and what gloo delivers. The Tracer must
+prove every honest shape of the computation and refuse every answer that did not travel.
+"""
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from grader.exercise.spec import Quantity
+from grader.processes.protocol import Call
+from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+from grader.verify.observe import RunView
+from grader.verify.perturb import delta_values
+from grader.verify.provenance import Tracer
+
+N = 8  # elements per rank's data (small: the logic is the same)
+
+
+def desc(values) -> dict:
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    return {"dtype": "torch.float32", "shape": [array.size], "numel": array.size, "fmt": "<f8",
+            "data": base64.b64encode(array.tobytes()).decode()}
+
+
+class Sim:
+    """Ranks that communicate through a perfect gloo, recording what protocol.Call would."""
+
+    def __init__(self, ws: int, perturb: bool = True):
+        self.ws, self.perturb = ws, perturb
+        self.records = [RankRecord(r) for r in range(ws)]
+        self.seed = 1000
+        self.clock = 0
+
+    def _call(self, rank, op, method, sent, outputs, **kw) -> Call:
+        rec = self.records[rank]
+        call = Call(rank=rank, seq=len(rec.calls), method=method, op=op, group=tuple(range(self.ws)),
+                    sends=sent is not None, receives=outputs > 0, inputs=[desc(s) for s in (sent or [])],
+                    outputs=[{"numel": 0}] * outputs, **kw)
+        self.clock += 1
+        call.entered_at = self.clock
+        if self.perturb and sent is not None:
+            self.seed += 1
+            call.seed = self.seed
+        rec.calls.append(call)
+        return call
+
+    def _with_deltas(self, call: Call, sent: list) -> list[np.ndarray]:
+        out = []
+        for k, s in enumerate(sent):
+            s = np.asarray(s, dtype=np.float64)
+            d = delta_values(call.seed + k, s.size, "torch.float32") if call.seed is not None else None
+            out.append(s + (d if d is not None else 0))
+        return out
+
+    def _deliver(self, call: Call, delivered: list) -> None:
+        self.clock += 1
+        call.completed, call.ok, call.completed_at = True, True, self.clock
+        call.delivered = [desc(d) for d in delivered]
+
+    def all_reduce(self, contributions: list, reduce: str = "SUM") -> list[np.ndarray]:
+        calls = [self._call(r, "all_reduce", "allreduce", [c], 1, reduce=reduce) for r, c in enumerate(contributions)]
+        total = sum(self._with_deltas(call, [c])[0] for call, c in zip(calls, contributions))
+        if reduce == "AVG":
+            total = total / self.ws
+        elif reduce == "MAX":
+            total = np.max([self._with_deltas(call, [c])[0] for call, c in zip(calls, contributions)], axis=0)
+        for call in calls:
+            self._deliver(call, [total])
+        return [total.copy() for _ in calls]
+
+    def all_gather(self, contributions: list) -> list[np.ndarray]:
+        calls = [self._call(r, "all_gather", "allgather", [c], self.ws) for r, c in enumerate(contributions)]
+        parts = [self._with_deltas(call, [c])[0] for call, c in zip(calls, contributions)]
+        for call in calls:
+            self._deliver(call, parts)
+        return [np.concatenate(parts) for _ in calls]
+
+    def send_recv(self, src: int, dst: int, values) -> np.ndarray:
+        send = self._call(src, "send", "send", [values], 0, peer=dst, tag=0)
+        recv = self._call(dst, "recv", "recv", None, 1, peer=src, tag=0)
+        got = self._with_deltas(send, [values])[0]
+        self._deliver(send, [])
+        self._deliver(recv, [got])
+        return got
+
+    def run(self) -> RunOutcome:
+        return RunOutcome(RunRequest(world_size=self.ws, source="", filename="s.py", perturb=("all_reduce",)), self.records)
+
+
+def gradient(rank, ws):
+    return [rank + 1.0] * N
+
+
+def ramp(rank, ws):
+    return np.arange(N, dtype=float) * (rank + 1)
+
+
+MEAN = Quantity("gradient", local=gradient, combine="mean", through=("all_reduce",))
+CONCAT = Quantity("feature", local=lambda r, ws: [float(r)] * N, combine="concat", through=("all_gather",))
+RING = Quantity("tensor", local=ramp, combine="sum", through=("send", "recv"))
+
+
+def prove(sim: Sim, quantity: Quantity, finals: list):
+    view = RunView(sim.run())
+    return [Tracer(view, quantity).prove(r, np.asarray(f, dtype=np.float64)) for r, f in enumerate(finals)]
+
+
+def assert_proven(proofs):
+    assert all(p.ok for p in proofs), [p.finding for p in proofs]
+
+
+def assert_refused(proofs, key):
+    assert not any(p.ok for p in proofs)
+    assert {p.finding.key for p in proofs} <= {key, "not_delivered", "contribution", "weights"}
+    assert key in {p.finding.key for p in proofs}, [p.finding for p in proofs]
+
+
+# ------------------------------------------------------------------------------------------------
+# honest shapes of the computation
+
+@pytest.mark.parametrize("ws", [2, 3, 4])
+def test_sum_then_divide(ws):
+    sim = Sim(ws)
+    out = sim.all_reduce([gradient(r, ws) for r in range(ws)])
+    assert_proven(prove(sim, MEAN, [o / ws for o in out]))
+
+
+def test_avg_and_divide_first():
+    sim = Sim(3)
+    out = sim.all_reduce([gradient(r, 3) for r in range(3)], reduce="AVG")
+    assert_proven(prove(sim, MEAN, out))
+    sim = Sim(3)
+    out = sim.all_reduce([np.array(gradient(r, 3)) / 3 for r in range(3)])
+    assert_proven(prove(sim, MEAN, out))
+
+
+def test_chunks_and_a_bucket_at_an_offset():
+    ws = 2
+    sim = Sim(ws)
+    first = sim.all_reduce([gradient(r, ws)[:3] for r in range(ws)])
+    second = sim.all_reduce([gradient(r, ws)[3:] for r in range(ws)])
+    assert_proven(prove(sim, MEAN, [np.concatenate([a, b]) / ws for a, b in zip(first, second)]))
+    sim = Sim(ws)
+    bucket = sim.all_reduce([np.concatenate([np.arange(5.0), gradient(r, ws), [7.0]]) for r in range(ws)])
+    assert_proven(prove(sim, MEAN, [b[5:5 + N] / ws for b in bucket]))
+
+
+def test_divisor_that_is_itself_all_reduced():
+    ws = 3
+    sim = Sim(ws)
+    summed = sim.all_reduce([gradient(r, ws) for r in range(ws)])
+    count = sim.all_reduce([[1.0] for _ in range(ws)])
+    assert_proven(prove(sim, MEAN, [s / c[0] for s, c in zip(summed, count)]))
+
+
+def test_all_gather_concatenated():
+    sim = Sim(3)
+    assert_proven(prove(sim, CONCAT, sim.all_gather([[float(r)] * N for r in range(3)])))
+
+
+@pytest.mark.parametrize("ws, direction", [(2, 1), (3, 1), (4, -1), (5, 1)])
+def test_a_ring_of_sends_and_receives(ws, direction):
+    """Reduce-scatter then all-gather over a ring, uneven chunks: every hop is explained."""
+    sim = Sim(ws)
+    data = [ramp(r, ws).copy() for r in range(ws)]
+    bounds = np.array_split(np.arange(N), ws)
+    for step in range(ws - 1):
+        sent = {r: data[r][bounds[(r - direction * step) % ws]].copy() for r in range(ws)}
+        for r in range(ws):
+            dst = (r + direction) % ws
+            got = sim.send_recv(r, dst, sent[r])
+            data[dst][bounds[(r - direction * step) % ws]] += got
+    for step in range(ws - 1):
+        sent = {r: data[r][bounds[(r - direction * step + direction) % ws]].copy() for r in range(ws)}
+        for r in range(ws):
+            dst = (r + direction) % ws
+            data[dst][bounds[(r - direction * step + direction) % ws]] = sim.send_recv(r, dst, sent[r])
+    assert_proven(prove(sim, RING, data))
+
+
+def test_a_root_that_adds_what_everyone_sent():
+    ws = 3
+    sim = Sim(ws)
+    total = ramp(0, ws) + sum(sim.send_recv(r, 0, ramp(r, ws)) for r in range(1, ws))
+    finals = [total] + [sim.send_recv(0, r, total) for r in range(1, ws)]
+    assert_proven(prove(sim, RING, finals))
+
+
+# ------------------------------------------------------------------------------------------------
+# answers that did not travel, or not from each rank's own data
+
+def test_computed_locally():
+    sim = Sim(2)
+    sim.all_reduce([gradient(r, 2) for r in range(2)])           # called, result ignored
+    assert_refused(prove(sim, MEAN, [np.full(N, 1.5)] * 2), "not_delivered")
+
+
+def test_local_answer_plus_a_probe_on_zeros():
+    sim = Sim(2)
+    probe = sim.all_reduce([np.zeros(N)] * 2)
+    assert_refused(prove(sim, MEAN, [1.5 + p / 2 for p in probe]), "not_delivered")
+
+
+def test_laundered_average_and_one_rank_for_all():
+    sim = Sim(2)
+    out = sim.all_reduce([np.full(N, 1.5)] * 2)                  # every rank feeds the answer
+    assert_refused(prove(sim, MEAN, [o / 2 for o in out]), "contribution")
+    sim = Sim(2)
+    out = sim.all_reduce([np.full(N, 3.0), np.zeros(N)])        # rank 0 contributes for everyone
+    assert_refused(prove(sim, MEAN, [o / 2 for o in out]), "contribution")
+
+
+def test_buffer_edited_after_completion():
+    sim = Sim(2)
+    out = sim.all_reduce([gradient(r, 2) for r in range(2)])
+    edited = [o / 2 for o in out]
+    edited[0][3] = 1.5                                          # one element overwritten afterwards
+    proofs = prove(sim, MEAN, edited)
+    assert not proofs[0].ok and proofs[1].ok
+
+
+def test_unperturbed_data_proves_nothing():
+    """Without the secret deltas a delivered value is predictable, so matching it proves nothing."""
+    sim = Sim(2, perturb=False)
+    out = sim.all_reduce([gradient(r, 2) for r in range(2)])
+    assert_refused(prove(sim, MEAN, [o / 2 for o in out]), "not_delivered")
+
+
+def test_max_is_not_a_sum():
+    sim = Sim(2)
+    out = sim.all_reduce([gradient(r, 2) for r in range(2)], reduce="MAX")
+    assert not any(p.ok for p in prove(sim, MEAN, [o / 2 for o in out]))
+
+
+def test_own_data_added_twice_is_named():
+    ws = 2
+    sim = Sim(ws)
+    got = [sim.send_recv(r, 1 - r, ramp(r, ws)) for r in range(ws)]      # each rank sends all its data
+    finals = [2 * ramp(d, ws) + got[1 - d] for d in range(ws)]           # own data added a second time
+    weights = [p.finding for p in prove(sim, RING, finals)]
+    assert all(w.key == "weights" and w.params["twice"] == [w.params["rank"]] for w in weights), weights
+
+
+def test_a_rank_missing_from_a_sum_is_named():
+    ws = 3
+    sim = Sim(ws)
+    total = ramp(0, ws) + sim.send_recv(1, 0, ramp(1, ws))     # rank 2's data never arrives
+    weights = prove(sim, RING, [total, total, total])[0].finding
+    assert weights.key == "weights" and weights.params["missing"] == [2]
