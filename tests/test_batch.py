@@ -14,7 +14,7 @@ import pytest
 
 from conftest import FIXTURES, PY, ROOT, run_cli
 from grader.integrations import batch
-from grader import checks as rubric
+from grader.exercise import registry
 
 BATCH = FIXTURES / "batch"
 
@@ -61,11 +61,12 @@ def test_content_hash_follows_the_entry_file(tmp_path):
 
 
 def test_verdict_is_the_first_failing_outcome_in_rubric_order():
-    outcomes = {c.id: "pass" for c in rubric.CHECKS}
-    assert batch.verdict({"extra_data": {"outcomes": outcomes}}) == "pass"
+    exercise = registry.get("dist_primitives")
+    outcomes = {c.id: "pass" for c in exercise.checks}
+    assert batch.verdict({"extra_data": {"outcomes": outcomes}}, exercise) == "pass"
     outcomes["ws4.all_gather"], outcomes["ws3.all_reduce"] = "timeout", "wrong"
-    assert batch.verdict({"extra_data": {"outcomes": outcomes}}) == "wrong"
-    assert batch.verdict({"extra_data": {"grader_error": "boom"}}) == "grader_failed"
+    assert batch.verdict({"extra_data": {"outcomes": outcomes}}, exercise) == "wrong"
+    assert batch.verdict({"extra_data": {"grader_error": "boom"}}, exercise) == "grader_failed"
 
 
 # -- the real command -----------------------------------------------------------------------------

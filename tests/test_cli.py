@@ -93,7 +93,7 @@ def test_a_failing_rank_is_placed_in_its_collectives(lang):
     """Each failure verdict names the rank and the last collective it entered (or that it entered none)."""
     from grader.feedback.messages import render
     raised = run_cli("check", str(FIXTURES / "mistakes" / "m14_exception_rank1.py"), "--lang", lang)
-    assert render("detail.last_collective", {"rank": 1, "op": "all_reduce", "n": 1, "line": 14}, lang) in raised.stdout
+    assert render("detail.last_collective", {"rank": 1, "op": "all_reduce", "n": 1, "line": 13}, lang) in raised.stdout
     exited = run_cli("check", str(FIXTURES / "sandbox" / "os_exit.py"), "--lang", lang)
     assert render("detail.no_collective", {"rank": 0}, lang) in exited.stdout
 

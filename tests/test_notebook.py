@@ -8,7 +8,7 @@ import pytest
 
 from grader.integrations import nbcheck
 from grader.submission import load, notebook
-from grader.checks import CHECKS
+from grader.exercise import registry
 from grader.feedback.messages import render
 from grader.model import CheckResult, GradingResult, Note, Outcome
 from grader.feedback.render import title
@@ -101,15 +101,19 @@ def test_the_latest_definition_is_the_one_graded():
     assert source.index("raise NotImplementedError") < source.index("dist.all_gather")
 
 
+CHECKS = registry.get("dist_primitives").checks
+EX = "dist_primitives"
+
+
 def test_hidden_failures_show_no_values_and_no_traceback():
     spec = next(s for s in CHECKS if s.id == "ws4.all_gather")
-    check = CheckResult(spec, Outcome.WRONG, 0.0, notes=[Note("cause.gather_list_size")],
+    check = CheckResult(spec, Outcome.WRONG, 0.0, notes=[Note("cause.gather_list_size", {"op": "all_gather"})],
                         details=[Note("detail.rank_value", {"rank": 0, "quantity": "full_feature",
                                                             "expected_shape": "(512,)", "expected": "[0.0, 1.0]",
                                                             "shape": "(256,)", "dtype": "float32", "values": "[0.0]"})])
     text = nbcheck.check_text(GradingResult("notebook.ipynb", [check]), check, "en")
     assert "(512,)" not in text and "expected" not in text and "ws4" not in text
-    assert render("hint.wrong", {}, "en") in text and render("cause.gather_list_size", {}, "en") in text
+    assert render("hint.wrong", {}, "en") in text and render("cause.gather_list_size", {"op": "all_gather"}, "en") in text
     err = nbcheck.CheckFailed(text)
     assert isinstance(err, AssertionError) and err._render_traceback_() == text.splitlines()
 
@@ -121,11 +125,11 @@ def test_check_grades_once_and_is_quiet_on_a_correct_answer(monkeypatch, capsys)
     history = [IMPORTS, (CLASS / "alice.py").read_text()]
     monkeypatch.setattr(nbcheck, "kernel_cells", lambda: history)
     monkeypatch.setattr(nbcheck, "_CACHE", {})
-    history.append("from grader.integrations import nbcheck\nnbcheck.report()")  # a kernel's history holds the running cell
-    nbcheck.report("en")
+    history.append(f"from grader.integrations import nbcheck\nnbcheck.report('{EX}')")  # the running cell is in the history
+    nbcheck.report(EX, "en")
     for spec in CHECKS:
-        history.append(f'from grader.integrations import nbcheck\nnbcheck.check("{spec.id}")')
-        nbcheck.check(spec.id, "en")
+        history.append(f'from grader.integrations import nbcheck\nnbcheck.check("{spec.id}", "{EX}")')
+        nbcheck.check(spec.id, EX, "en")
     out, err = capsys.readouterr()
     assert err == ""
     assert "Score: 40 / 40" in out and out.count("[PASS]") == 4 + len(CHECKS)
@@ -136,16 +140,16 @@ def test_check_grades_once_and_is_quiet_on_a_correct_answer(monkeypatch, capsys)
 def test_check_raises_the_checks_feedback(monkeypatch, capsys):
     monkeypatch.setattr(nbcheck, "kernel_cells", lambda: [IMPORTS, (CLASS / "dave.py").read_text()])
     monkeypatch.setattr(nbcheck, "_CACHE", {})
-    nbcheck.check("ws2.all_gather", "en")
+    nbcheck.check("ws2.all_gather", EX, "en")
     with pytest.raises(nbcheck.CheckFailed) as failed:
-        nbcheck.check("ws2.all_reduce", "en")
-    assert "world_size times too large" in failed.value.text
+        nbcheck.check("ws2.all_reduce", EX, "en")
+    assert "world_size times the mean" in failed.value.text
     with pytest.raises(nbcheck.CheckFailed) as hidden:
-        nbcheck.check("ws3.all_reduce", "en")
-    assert title(CheckResult(next(s for s in CHECKS if s.id == "ws3.all_reduce"), Outcome.WRONG), "en") in hidden.value.text
+        nbcheck.check("ws3.all_reduce", EX, "en")
+    assert title(CheckResult(next(s for s in CHECKS if s.id == "ws3.all_reduce"), Outcome.WRONG), "en", CHECKS) in hidden.value.text
     assert "expected" not in hidden.value.text and "ws3" not in hidden.value.text
     with pytest.raises(ValueError):
-        nbcheck.check("ws9.all_reduce")
+        nbcheck.check("ws9.all_reduce", EX)
     assert capsys.readouterr().err == ""
 
 
@@ -181,7 +185,7 @@ def test_cli_check_on_the_release_notebook_says_todo():
     ("split_entry.ipynb", "load.split_entry", {"line": 13}),
 ])
 def test_cli_gives_corrupt_notebooks_a_message_and_zero(grade, name, key, params):
-    results, proc = grade(NB / name, lang="zh")
+    results, proc = grade(NB / name, "--exercise", EX, lang="zh")
     assert results["score"] == 0 and results["extra_data"]["grader_error"] is None
     expected = render(key, params if params is not None else problem_of(name).params, "zh")
     assert expected in results["output"]

@@ -9,8 +9,10 @@ import subprocess
 import pytest
 
 from conftest import FIXTURES, PY, ROOT
+from grader.processes.protocol import values
 from grader.processes.runner import Runner, RunRequest
 from grader.processes.sandbox import Limits
+from grader.verify.perturb import delta_values
 
 ECHO = """
 import torch, torch.distributed as dist
@@ -37,13 +39,31 @@ def runner():
 
 @pytest.mark.timeout(60)
 def test_ranks_report_calls_values_and_output(runner):
-    [out] = runner.run_many([RunRequest(world_size=3, source=ECHO, filename="echo.py")])
+    [out] = runner.run_many([RunRequest(world_size=3, source=ECHO, filename="echo.py", quantities=("t", "u"))])
     assert out.stop == "completed"
     for rec in out.ranks:
-        assert rec.result["how"] == "return"
-        assert rec.result["returned"]["gradient"]["values"] == [6.0] * 4
-        assert [c["op"] for c in rec.calls] == ["all_reduce", "all_reduce"]  # enter, exit
+        assert rec.result["how"] == "return" and rec.result["source"] == "return"
+        assert values(rec.result["values"]["t"]).tolist() == [6.0] * 4
+        assert rec.result["values"]["u"] is None
+        [call] = rec.calls
+        assert (call.op, call.method, call.api, call.line, call.sends, call.receives) == ("all_reduce", "allreduce", "all_reduce", 5, True, True)
+        assert call.completed and call.ok and call.waited and call.seed is None   # a clean run: nothing perturbed
+        assert call.sent_values()[0].tolist() == [rec.rank + 1.0] * 4               # what this rank contributed
+        assert call.delivered_values()[0].tolist() == [6.0] * 4                     # what the network delivered
         assert f"rank {rec.rank} says [6.0, 6.0, 6.0, 6.0]" in rec.output_text()
+
+
+@pytest.mark.timeout(60)
+def test_a_perturbed_run_adds_secret_deltas_the_supervisor_keeps(runner):
+    [out] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"),
+                                        perturb=("all_reduce",))])
+    seeds = [rec.calls[0].seed for rec in out.ranks]
+    assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
+    assert out.seeds == {(0, 0): seeds[0], (1, 0): seeds[1]}
+    deltas = [delta_values(s, 4, "torch.float32") for s in seeds]
+    delivered = out.ranks[0].calls[0].delivered_values()[0]
+    assert delivered.tolist() == (3.0 + deltas[0] + deltas[1]).tolist()           # exact: powers of two
+    assert out.ranks[0].calls[0].sent_values()[0].tolist() == [1.0] * 4           # the student's tensor, untouched
 
 
 @pytest.mark.timeout(60)
