@@ -96,6 +96,7 @@ class Tracer:
         n = value.size
         weights, index = self.target(n)
         self.index = index
+        self._alone = (weights == 1.0) & (np.count_nonzero(weights, axis=0) == 1)[None, :]
         result = self._explain(rank, value, np.arange(n), 0, None)
         if isinstance(result, Finding):
             return Proof(False, result, self.calls)
@@ -221,8 +222,9 @@ class Tracer:
         t = 0
         while t < x.size:
             best = None   # (length, kind, payload)
-            # (a) the rank's own data, possibly scaled (divided by N before a sum, say)
-            if depth > 0:
+            # (a) the rank's own data, possibly scaled (divided by N before a sum, say); in the final value
+            # only where the exercise wants this rank's data alone (the root of a broadcast)
+            if depth > 0 or self._alone[rank, I[t]]:
                 for c in (1.0, 1.0 / self.ws, float(self.ws)):
                     L = self._leaf_run(rank, x, I, t, c)
                     if L and (best is None or L > best[0]):
