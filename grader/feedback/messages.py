@@ -158,6 +158,28 @@ CATALOG: dict[str, tuple[str, str]] = {
     "batch.done": ("本次评分 {graded} 份，沿用已有结果 {reused} 份，清理临时文件 {swept} 个，用时 {seconds:.1f} 秒。成绩表：{csv}",
                    "Graded {graded}, reused {reused} up-to-date results, swept {swept} temporary files, in {seconds:.1f} s. Gradebook: {csv}"),
     "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; {gpus} are visible."),
+    # --- sandbox and batch input (issue 10)
+    "layer.uid_per_run": ("非特权用户，每次运行一个新的 uid（unprivileged uid）", "unprivileged uid, a new one for every run"),
+    "layer.ipc_ns": ("IPC 命名空间（ipc namespace）", "ipc namespace"),
+    "layer.new_root": ("独立的根目录：只有解释器和它的库（只读）", "own root: only the interpreter and its libraries, read-only"),
+    "layer.tmpfs": ("每次运行独立的 /tmp（tmpfs，{mb} MiB）", "own /tmp for each run (tmpfs, {mb} MiB)"),
+    "layer.no_namespaces": ("没有命名空间：进程能看到本机的文件（此机器不支持，或使用了 --no-sandbox）",
+                            "no namespaces: ranks see this machine's files (not available here, or --no-sandbox)"),
+    "layer.no_new_privs": ("禁止提权（no_new_privs）", "no_new_privs"),
+    "layer.no_new_privs_off": ("未启用禁止提权（no_new_privs）", "no_new_privs not applied"),
+    "layer.seccomp": ("seccomp 系统调用过滤", "seccomp system call filter"),
+    "layer.seccomp_off": ("未启用 seccomp 系统调用过滤", "no seccomp filter"),
+    "load.too_deep": ("{file} 所在的文件夹层级太深（超过 {limit} 层），无法评分。", "{file} lies in folders nested too deep (more than {limit} levels) to grade."),
+    "load.not_a_file": ("{file} 不是普通文件（{kind}），无法评分。", "{file} is not a regular file ({kind}) and cannot be graded."),
+    "load.symlink": ("{file} 是符号链接，不会被跟随；请提交文件本身。", "{file} is a symbolic link, which is not followed: submit the file itself."),
+    "static.too_complex": ("代码中有嵌套过深的表达式，Python 无法解析（第 {line} 行附近）：{message}",
+                           "The code holds an expression nested too deep for Python to parse (near line {line}): {message}"),
+    "static.parse_memory": ("解析代码时内存不足：代码过大或嵌套过深。", "Parsing the code ran out of memory: the code is too large or nested too deep."),
+    "note.magic_ignored": ("第 {line} 行的单元格使用了 %%{magic}，它不是 Python 代码，评分时被忽略。",
+                           "The cell at line {line} starts with %%{magic}, which is not Python: it was left out of grading."),
+    "note.magics_unavailable": ("此评分环境没有安装 IPython：第 {line} 行的魔法命令按注释处理。",
+                                "IPython is not installed where this was graded: the magic at line {line} was read as a comment."),
+    "batch.entry_failed": ("评分 {name} 时出错：{error}", "Grading {name} failed: {error}"),
 }
 
 

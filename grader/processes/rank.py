@@ -2,7 +2,7 @@
 
 The zygote imports this module (and torch) once; each rank is a fork of it. A rank:
   1. reads its spec (one JSON line) from its control pipe;
-  2. joins the grader's process group (a fresh FileStore: no port, no clash between gradings);
+  2. joins the grader's process group (a fresh store per run: see runner.py);
   3. loads the submission's definitions only (static.definitions_only), never its launch calls;
   4. calls run_worker(rank, world_size) while hooks on the collectives log each call, its timing and
      tensors, and (in a perturbed run) add to what it sends the deltas the supervisor answers for that
@@ -391,9 +391,11 @@ def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
     state = _STATE = _RankState(spec, channel, control)
     if state.cuda:
         torch.cuda.set_device(rank)
-    store = dist.FileStore(spec["store"], world_size)
     backend = "cpu:gloo,cuda:nccl" if state.cuda else "gloo"
     timeout = timedelta(seconds=spec["timeout"])
+    where = spec["store"]  # {"kind": "tcp", "host", "port"}: rank 0 hosts it; {"kind": "file", "path"}
+    store = (dist.TCPStore(where["host"], where["port"], world_size, rank == 0, timeout, wait_for_workers=False)
+             if where["kind"] == "tcp" else dist.FileStore(where["path"], world_size))
     _ORIGINALS["init_process_group"](backend=backend, store=store, rank=rank, world_size=world_size,
                                      timeout=timeout)
     # No student code before every rank has finished connecting: a rank that exits at once (os._exit)
