@@ -52,10 +52,9 @@ def _grade(submission, specs, runner: Runner, backend: str, show_output: bool) -
         result.checks = score.blanket(specs, Outcome.NOT_SUBMITTED, note)
         result.summary.append(note)
         return result
-    try:
-        tree = ast.parse(submission.source, submission.filename)
-    except (SyntaxError, ValueError) as err:
-        note = Note("static.syntax_error", {"line": getattr(err, "lineno", "?") or "?", "message": getattr(err, "msg", str(err))})
+    tree, problem = static.parse_source(submission.source, submission.filename)
+    if problem is not None:
+        note = Note(problem.key, problem.params)
         result.checks = score.blanket(specs, Outcome.SYNTAX_ERROR, note)
         result.summary.append(note)
         return result

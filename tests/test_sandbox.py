@@ -1,5 +1,6 @@
 """Hostile submissions (tests/fixtures/sandbox/) through the real CLI: each gets its own verdict, in
-bounded time, and leaves nothing behind (issue 5)."""
+bounded time, and leaves nothing behind (issue 5); what a rank can see (issue 10; the red team of
+issue 10 is tests/test_redteam.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, PY, ROOT, outcomes, run_cli
-from grader.processes.sandbox import UID_BASE
+from grader.processes.sandbox import UID_BASE, UID_BLOCK, UID_BLOCKS, uid_range
 
 SANDBOX = FIXTURES / "sandbox"
 SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"
@@ -25,10 +26,9 @@ FAST = ("--time-limit", "6")  # hang-type fixtures: a shorter per-run limit keep
 def leftover_processes(supervisor: int | None = None) -> list[int]:
     """Processes still running under the uids a supervisor hands out (any supervisor's when None)."""
     if supervisor is None:
-        low, high = UID_BASE, UID_BASE + (1 << 22)
-    else:
-        low = UID_BASE + (supervisor % 65536) * 64
-        high = low + 64
+        low, high = UID_BASE, UID_BASE + UID_BLOCKS * UID_BLOCK
+    else:  # a supervisor's first choice of uid block (another one only if a live grader holds that one)
+        low, high = uid_range(supervisor % UID_BLOCKS)
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -189,16 +189,19 @@ def test_writes_stay_in_the_working_directory(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_report_names_the_layers_and_no_sandbox_still_grades(tmp_path):
-    full = run_cli("check", str(SOLUTION), "--lang", "en")
+    full = run_cli("check", str(SOLUTION), "--lang", "en", "--tmp-mb", "32")
     assert full.returncode == 0
     layers = full.stdout.split("Sandbox: ")[-1]
     if os.geteuid() == 0:
-        for layer in ("unprivileged uid", "pid namespace", "network namespace", "private /tmp"):
+        for layer in ("unprivileged uid, a new one for every run", "pid namespace", "network namespace",
+                      "own root: only the interpreter", "own /tmp for each run (tmpfs, 32 MiB)", "no_new_privs",
+                      "seccomp system call filter"):
             assert layer in layers
     bare = run_cli("check", str(SOLUTION), "--lang", "en", "--no-sandbox")
     assert bare.returncode == 0, bare.stdout
-    assert "pid namespace" not in bare.stdout.split("Sandbox: ")[-1]
-    assert "rlimits" in bare.stdout.split("Sandbox: ")[-1]
+    layers = bare.stdout.split("Sandbox: ")[-1]
+    assert "pid namespace" not in layers and "rlimits" in layers
+    assert "no namespaces" in layers and "no seccomp filter" in layers and "no_new_privs not applied" in layers
 
 
 @pytest.mark.timeout(180)
@@ -242,10 +245,12 @@ def test_hostile_class_through_batch(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_unprivileged_user_grades_with_the_layers_it_has():
-    """As a student on a laptop (not root): no uid change, but user, pid and network namespaces where the
-    kernel allows them; a daemon still dies with its run, and the report lists what applied."""
-    assert os.geteuid() == 0, "the test makes an unprivileged user with unshare and setpriv"
-    cmd = ["unshare", "-m", "--propagation", "private", str(ROOT / "tests" / "tools" / "as_nobody.sh"),
+    """As a student on a laptop (not root): no uid change, but user, pid and network namespaces, the new root,
+    NO_NEW_PRIVS and seccomp where the kernel allows them; a daemon still dies with its run, and the report
+    lists what applied. tests/tools/as_nobody.py makes this clone reachable for nobody wherever it lives (a
+    mode-700 folder above it included), without changing anything on disk."""
+    assert os.geteuid() == 0, "the test makes an unprivileged user with tests/tools/as_nobody.py"
+    cmd = [PY, str(ROOT / "tests" / "tools" / "as_nobody.py"),
            PY, "-m", "grader", "check", str(SANDBOX / "daemon_overwrite.py"), "--lang", "en"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -253,7 +258,8 @@ def test_unprivileged_user_grades_with_the_layers_it_has():
     assert proc.returncode == 0, out
     layers = out.split("Sandbox: ")[-1]
     assert "unprivileged uid" not in layers
-    assert "user namespace" in layers and "pid namespace" in layers, layers
+    for layer in ("user namespace", "pid namespace", "own root", "own /tmp", "no_new_privs", "seccomp system call"):
+        assert layer in layers, layers
     time.sleep(4)  # the daemon's moment: it never comes, its pid namespace is gone
     survivors = []
     for entry in os.scandir("/proc"):
@@ -267,18 +273,36 @@ def test_unprivileged_user_grades_with_the_layers_it_has():
 
 
 @pytest.mark.timeout(60)
-def test_a_checkout_under_tmp_is_still_importable(tmp_path):
-    """/tmp becomes the run's own folder in the ranks: a checkout that lives below /tmp (CI's, say) is
-    bound back read-only, so lazy imports from it still work."""
-    checkout = tmp_path / "checkout"
-    shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
-    (checkout / "grader" / "_checkout_probe.py").write_text("VALUE = 1\n")
-    assert str(checkout).startswith(tempfile.gettempdir())
-    proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_import.py"), "--lang", "en"],
-                          cwd=checkout, capture_output=True, text=True, timeout=50,
-                          env={**os.environ, "PYTHONPATH": str(checkout)})
+def test_the_checkout_is_not_readable_from_a_rank():
+    """A rank learns the checkout's path from the grader's own modules and tries the solution, the grader's
+    source and the tests; it also walks every folder it can see outside the system and the interpreter:
+    it finds nothing, and its honest answer still gets full marks."""
+    proc = run_cli("check", str(SANDBOX / "read_checkout.py"), "--lang", "en")
     assert proc.returncode == 0, proc.stdout
-    assert "Score: 40 / 40" in proc.stdout
+    assert "  | solution: FileNotFoundError" in proc.stdout
+    assert "  | grader source: FileNotFoundError" in proc.stdout
+    assert "  | tests: FileNotFoundError" in proc.stdout
+    assert "  | visible files: []" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_checkout_in_a_private_folder_under_tmp_grades_honest_code(tmp_path):
+    """A copy of the grader in a mode-700 folder below /tmp (as a CI clone made with `mktemp -d`): ranks get
+    the grader's modules from the zygote, the libraries from the interpreter's folders, and lazy imports of
+    the standard library, site-packages and torch still work; grader modules not preloaded do not."""
+    private = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        assert (private.stat().st_mode & 0o777) == 0o700
+        checkout = private / "checkout"
+        shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+        proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_library_import.py"), "--lang", "en"],
+                              cwd=checkout, capture_output=True, text=True, timeout=50,
+                              env={**os.environ, "PYTHONPATH": str(checkout)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Score: 40 / 40" in proc.stdout
+        assert "  | grader.api: ModuleNotFoundError" in proc.stdout
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.mark.timeout(60)

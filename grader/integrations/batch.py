@@ -122,7 +122,7 @@ def lock(out: Path):
 
 # -- the worker: one Runner, one student at a time -----------------------------------------------------
 def worker_main(argv: list[str]) -> int:
-    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB`.
+    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB TMP_MB`.
 
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
@@ -136,11 +136,12 @@ def worker_main(argv: list[str]) -> int:
     if os.getppid() != parent:                    # its zygote, which exits when its socket closes)
         return 1
     lang, backend, wall_s, memory_mb, sandbox = argv[0], argv[1], float(argv[2]), int(argv[3]), argv[4] == "1"
-    total_mb = int(argv[5])
+    total_mb, tmp_mb = int(argv[5]), int(argv[6])
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     fault = os.environ.get(FAULT_ENV)
-    with Runner(limits=Limits(wall_s=wall_s, memory_mb=memory_mb, total_mb=total_mb), sandbox=sandbox) as runner:
+    limits = Limits(wall_s=wall_s, memory_mb=memory_mb, total_mb=total_mb, tmp_mb=tmp_mb)
+    with Runner(limits=limits, sandbox=sandbox) as runner:
         for line in sys.stdin:
             task = json.loads(line)
             if fault and task["name"] == fault:
@@ -160,7 +161,7 @@ class Worker:
     def __init__(self, args, log_dir: Path, index: int):
         cmd = [sys.executable, "-c", "import sys; from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
                args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
-               str(args.memory_total_mb or default_total_mb(args.jobs))]
+               str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb)]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.log = log_dir / f"worker-{index}.log"

@@ -25,6 +25,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from . import seccomp
+
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -229,7 +231,6 @@ def probe(workspace: str, code: list[str]) -> Layers:
                     enter_root(target)
                     if os.path.isdir(sys.base_prefix) and os.listdir("/proc"):
                         got |= PROBE_ROOT
-                    from . import seccomp
                     try:
                         seccomp.install()
                         got |= PROBE_NNP | PROBE_SECCOMP
@@ -243,13 +244,16 @@ def probe(workspace: str, code: list[str]) -> Layers:
             bits |= os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 0
         except BaseException:
             pass
-        if not bits & PROBE_NS:  # no namespaces here: can this machine still filter system calls?
+        if not bits & PROBE_SECCOMP:  # no working sandbox root: can this machine still filter system calls?
             try:
-                from . import seccomp
                 seccomp.install(deny_locks=False)
                 bits |= PROBE_NNP | PROBE_SECCOMP
             except BaseException:
-                pass
+                try:
+                    seccomp.set_no_new_privs()
+                    bits |= PROBE_NNP
+                except BaseException:
+                    pass
         os.write(write, str(bits).encode())
         os._exit(0)
     os.close(write)
@@ -318,14 +322,15 @@ def _remount_readonly(path: str, device_nodes: bool = False) -> None:
     mount(None, path, None, flags)
 
 
-def _place(path: str, root: str, device: bool = False) -> None:
-    """Make host `path` appear read-only at the same path below `root`: a symlink is copied as a symlink,
-    a folder or file is bind-mounted. Missing paths are skipped."""
+def _place(path: str, root: str, device: bool = False, follow: bool = False) -> None:
+    """Make host `path` appear read-only at the same path below `root`: a symlink is copied as a symlink
+    (unless `follow`: then what it points to is bound at the link's path), a folder or file is
+    bind-mounted. Missing paths are skipped."""
     if not os.path.lexists(path):
         return
     target = root + path
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    if os.path.islink(path) and not device:
+    if os.path.islink(path) and not (device or follow):
         os.symlink(os.readlink(path), target)
         return
     if os.path.isdir(path):
@@ -351,9 +356,6 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> N
     for name, text in ETC_WRITTEN.items():
         with open(f"{target}/etc/{name}", "w") as f:
             f.write(text)
-    for path in code:
-        if not any(_inside(path, f"/{name}") for name in SYSTEM_DIRS):
-            _place(path, target)
     tmp = f"{target}/tmp"
     os.mkdir(tmp)
     mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={max(1, int(tmp_mb))}m")
@@ -375,12 +377,13 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> N
                        ("stderr", "/proc/self/fd/2")):
         os.symlink(link, f"{dev}/{name}")
     os.mkdir(f"{target}/proc")
+    for path in code:  # last: an interpreter may live below /tmp (a venv inside a checkout in /tmp)
+        if not any(_inside(path, f"/{name}") for name in SYSTEM_DIRS):
+            _place(path, target, follow=True)
 
 
 def _pivot_root(new: str, old: str) -> None:
-    from .seccomp import _ARCHES
-    import platform
-    nr = _ARCHES.get(platform.machine(), (0, {}))[1].get("pivot_root")
+    nr = seccomp.syscall_number("pivot_root")
     if nr is None:
         raise OSError(38, "pivot_root: unknown architecture")
     _check(_libc.syscall(nr, new.encode(), old.encode()), "pivot_root")

@@ -79,6 +79,10 @@ _SPECIAL = ("clone", "clone3", "fcntl")
 LOCK_CALLS = ("flock", "inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init", "fanotify_mark")
 
 
+def syscall_number(name: str) -> int | None:
+    return _ARCHES.get(platform.machine(), (0, {}))[1].get(name)
+
+
 def supported() -> bool:
     return platform.machine() in _ARCHES
 
