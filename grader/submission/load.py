@@ -21,7 +21,7 @@ SUFFIXES = (".py", ".ipynb")
 MAX_DEPTH = 32       # folders below a student's folder searched for the submission
 MAX_ENTRIES = 10_000  # entries looked at in one student's folder
 
-__all__ = ["MAX_BYTES", "SUFFIXES", "Problem", "Submission", "find_entry", "load", "from_source", "read_limited"]
+__all__ = ["MAX_BYTES", "SUFFIXES", "Problem", "Submission", "display_name", "find_entry", "load", "from_source", "read_limited"]
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,11 @@ class Submission:
     notes: tuple = ()        # non-fatal notes for the student: Problem(key, params) each (ignored %%bash cells ...)
 
 
-def _walk(folder: Path):
+def _walk(folder: Path, truncated: list | None = None):
     """(file, depth) below `folder`, breadth first, without following symbolic links; folders
-    that cannot be read are skipped. Depth-limited and count-limited: never recursion, never a loop."""
+    that cannot be read are skipped. Depth-limited and count-limited: never recursion, never a loop.
+    Appends True to `truncated` when it stopped at a limit."""
+    truncated = [] if truncated is None else truncated
     queue, seen = [(folder, 1)], 0
     while queue:
         current, depth = queue.pop(0)
@@ -47,32 +49,42 @@ def _walk(folder: Path):
         for entry in entries:
             seen += 1
             if seen > MAX_ENTRIES:
+                truncated.append(True)
                 return
             try:
                 if entry.is_symlink():
                     continue
                 if entry.is_dir(follow_symlinks=False):
-                    if depth < MAX_DEPTH and not entry.name.startswith("."):
+                    if entry.name.startswith("."):
+                        continue
+                    if depth < MAX_DEPTH:
                         queue.append((Path(entry.path), depth + 1))
+                    else:
+                        truncated.append(True)
                 elif entry.is_file(follow_symlinks=False):
                     yield Path(entry.path), depth
             except OSError:
                 continue
 
 
-def find_entry(folder: Path) -> Path | None:
+def find_entry(folder: Path, truncated: list | None = None) -> Path | None:
     """The one submission file inside a student's folder (nbgrader's submitted/<student>/<assignment>/):
     a notebook if there is one, else a .py; the first by path. Hidden files and folders, symbolic links
     and anything deeper than MAX_DEPTH are not considered."""
-    candidates = [(p.suffix != ".ipynb", p.relative_to(folder).parts, p) for p, _ in _walk(folder)
+    candidates = [(p.suffix != ".ipynb", p.relative_to(folder).parts, p) for p, _ in _walk(folder, truncated)
                   if p.suffix in SUFFIXES and not p.name.startswith(".")]
     return min(candidates)[2] if candidates else None
+
+
+def display_name(name: str) -> str:
+    """A file name as text that can always be encoded (undecodable bytes shown as \\xNN)."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def read_limited(path: Path, limit: int = MAX_BYTES) -> tuple[bytes | None, Problem | None]:
     """The bytes of a regular file of at most `limit` bytes, or the problem. Opens without blocking (a FIFO
     would wait for a writer), checks the type and size with fstat, then reads at most limit + 1 bytes."""
-    name = path.name
+    name = display_name(path.name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
     except OSError as err:
@@ -109,15 +121,20 @@ def load(path: Path) -> Submission:
     try:
         is_dir = path.is_dir()
     except OSError as err:  # a name too long for the system (a file 1000 folders deep), a loop ...
+        name = display_name(path.name)
         key = "load.too_deep" if err.errno == errno.ENAMETOOLONG else "load.unreadable"
-        return Submission(path, path.name, None, Problem(key, {"file": path.name, "limit": MAX_DEPTH,
-                                                               "error": err.strerror or str(err)}))
+        return Submission(path, name, None, Problem(key, {"file": name, "limit": MAX_DEPTH,
+                                                          "error": err.strerror or str(err)}))
     if is_dir:
-        entry = find_entry(path)
+        truncated: list[bool] = []
+        entry = find_entry(path, truncated)
         if entry is None:
-            return Submission(path, path.name, None, Problem("load.no_file", {"folder": path.name}))
+            name = display_name(path.name)
+            if truncated:
+                return Submission(path, name, None, Problem("load.too_deep", {"file": name, "limit": MAX_DEPTH}))
+            return Submission(path, name, None, Problem("load.no_file", {"folder": name}))
         path = entry
-    name = path.name
+    name = display_name(path.name)
     raw, problem = read_limited(path)
     if problem is not None:
         return Submission(path, name, None, problem)
@@ -127,9 +144,10 @@ def load(path: Path) -> Submission:
         return Submission(path, name, None, Problem("load.not_utf8", {"file": name, "offset": err.start}), raw)
     notes: tuple = ()
     if path.suffix == ".ipynb":
-        source, problem, notes = notebook.notebook_code(text)
+        source, problem, found = notebook.notebook_code(text)
+        notes = tuple(Problem(key, params) for key, params in found)
         if problem is not None:
-            return Submission(path, name, None, Problem(*problem), raw)
+            return Submission(path, name, None, Problem(*problem), raw, notes)
         text = source
     if not text.strip():
         return Submission(path, name, None, Problem("load.empty", {"file": name}), raw, notes)
