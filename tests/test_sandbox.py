@@ -313,3 +313,54 @@ def test_ranks_see_no_secret_of_the_grader():
     assert proc.returncode == 0, proc.stdout
     assert "  | found: {}" in proc.stdout
     assert "s3cret-value" not in proc.stdout
+
+
+def _grader_imports(path: Path) -> set[str]:
+    """Grader modules a file imports anywhere (function bodies included), as absolute names."""
+    import ast
+    package = "grader." + ".".join(path.relative_to(ROOT / "grader").with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module.startswith("grader"):
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("grader"))
+    return {m for m in found if (ROOT / (m.replace(".", "/") + ".py")).exists()
+            or (ROOT / m.replace(".", "/") / "__init__.py").exists()}
+
+
+@pytest.mark.timeout(60)
+def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
+    """Ranks cannot read the checkout: whatever grader module rank.py reaches (lazily too), and whatever the
+    exercise notebooks import from the grader, must already be in the zygote's memory when it forks."""
+    reached, todo = set(), ["grader.processes.rank"]
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if path.exists():
+            todo += sorted(_grader_imports(path))
+    for nb in (ROOT / "assignments").rglob("*.ipynb"):
+        for cell in json.loads(nb.read_text())["cells"]:
+            for line in "".join(cell["source"]).split("\n"):
+                words = line.split()
+                if words[:1] in (["from"], ["import"]) and len(words) > 1 and words[1].startswith("grader"):
+                    reached.add(words[1])
+                    if words[0] == "from" and words[2:3] == ["import"]:
+                        names = " ".join(words[3:]).replace(",", " ").split()
+                        reached.update(f"{words[1]}.{n}" for n in names
+                                       if (ROOT / words[1].replace(".", "/") / f"{n}.py").exists())
+    code = "import sys; from grader.processes import zygote; print(sorted(m for m in sys.modules if m.startswith('grader')))"
+    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    loaded = set(eval(proc.stdout))
+    assert "grader.integrations.nbcheck" in reached
+    assert reached - loaded == set(), proc.stderr

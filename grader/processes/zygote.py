@@ -31,9 +31,11 @@ from . import sandbox, seccomp
 
 # Every grader module a rank uses, imported here before any fork: a rank's root holds the interpreter and
 # its libraries, not the grader's checkout, so a rank can never import grader code lazily from disk.
-# (tests/test_sandbox.py checks this list against every grader import reachable from rank.py.)
+# nbcheck: the exercise notebook's check cells import it, and a rank loads a notebook's imports.
+# (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
+# grader imports of the exercise's notebooks.)
 PRELOAD = ("grader.processes.rank", "grader.processes.sandbox", "grader.processes.seccomp",
-           "grader.submission.static", "grader.verify.perturb")
+           "grader.submission.static", "grader.verify.perturb", "grader.integrations.nbcheck")
 for _name in PRELOAD:
     importlib.import_module(_name)
 CHECKOUT = str(Path(__file__).resolve().parents[2])
