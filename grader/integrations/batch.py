@@ -45,7 +45,8 @@ from pathlib import Path
 from .. import checks as rubric
 from ..submission import load as loader
 from ..feedback.messages import default_lang, render
-from ..feedback.results import failed_results, write_atomic
+from ..feedback.results import failed_results, to_gradescope, write_atomic
+from ..model import CheckResult, GradingResult, Note, Outcome
 from ..processes.sandbox import default_total_mb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,7 +229,6 @@ def worker_main(argv: list[str]) -> int:
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
     from .. import api
-    from ..feedback.results import to_gradescope
     from ..processes.runner import Runner
     from ..processes.sandbox import Limits, set_parent_death_signal
 
@@ -362,15 +362,14 @@ def save(out: Path, student: Student, data: dict, lang: str) -> dict:
 
 
 def problem_results(student: Student, key: str, params: dict, lang: str) -> dict:
-    """The results of an entry that cannot be graded at all: zero, and the reason the student can read."""
-    message = render(key, params, lang)
-    return {"score": 0, "execution_time": 0, "output": message, "stdout_visibility": "hidden",
-            "tests": [{"name": render(f"title.static.{c.collective}", {}, lang) if c.kind == "static" else c.id,
-                       "score": 0, "max_score": c.points, "status": "failed", "output": message,
-                       "visibility": c.visibility} for c in rubric.CHECKS],
-            "extra_data": {"submission": printable(student.path.name), "problem": key, "grader_error": None,
-                           "scores": {c.id: 0 for c in rubric.CHECKS},
-                           "outcomes": {c.id: "not_submitted" for c in rubric.CHECKS}}}
+    """The results of an entry that cannot be graded at all (a symbolic link, a FIFO): every check fails
+    with the reason, exactly as `grade` reports a submission it cannot load."""
+    note = Note(key, params)
+    result = GradingResult(printable(student.path.name), [CheckResult(spec, Outcome.NOT_SUBMITTED, 0.0, [note])
+                                                          for spec in rubric.CHECKS], summary=[note])
+    data = to_gradescope(result, lang)
+    data["extra_data"].update(problem=key, scores={c.id: 0 for c in rubric.CHECKS})
+    return data
 
 
 def entry_failed(student: Student, error: str, lang: str) -> dict:
