@@ -25,7 +25,7 @@ EXIT_USAGE = 2
 
 
 def _limits(args) -> Limits:
-    return Limits(wall_s=args.time_limit, memory_mb=args.memory_mb, total_mb=args.memory_total_mb)
+    return Limits(wall_s=args.time_limit, memory_mb=args.memory_mb, total_mb=args.memory_total_mb, tmp_mb=args.tmp_mb)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -36,6 +36,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="address space per rank (default %(default)s)")
     p.add_argument("--memory-total-mb", type=int, default=0,
                    help="memory of all ranks together, a cgroup where the machine allows (default: 3/4 of RAM)")
+    p.add_argument("--tmp-mb", type=int, default=Limits.tmp_mb,
+                   help="size of each run's /tmp, a tmpfs shared by its ranks (default %(default)s)")
     p.add_argument("--no-sandbox", action="store_true", help="run ranks without namespaces or a uid change (debugging)")
     _exercise_options(p)
 

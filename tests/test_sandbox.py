@@ -1,5 +1,6 @@
 """Hostile submissions (tests/fixtures/sandbox/) through the real CLI: each gets its own verdict, in
-bounded time, and leaves nothing behind (issue 5)."""
+bounded time, and leaves nothing behind (issue 5); what a rank can see (issue 10; the red team of
+issue 10 is tests/test_redteam.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,13 +10,14 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import FIXTURES, PY, ROOT, outcomes, run_cli
-from grader.processes.sandbox import UID_BASE
+from grader.processes.sandbox import UID_BASE, UID_BLOCK, UID_BLOCKS, uid_range
 
 SANDBOX = FIXTURES / "sandbox"
 SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"
@@ -25,10 +27,9 @@ FAST = ("--time-limit", "6")  # hang-type fixtures: a shorter per-run limit keep
 def leftover_processes(supervisor: int | None = None) -> list[int]:
     """Processes still running under the uids a supervisor hands out (any supervisor's when None)."""
     if supervisor is None:
-        low, high = UID_BASE, UID_BASE + (1 << 22)
-    else:
-        low = UID_BASE + (supervisor % 65536) * 64
-        high = low + 64
+        low, high = UID_BASE, UID_BASE + UID_BLOCKS * UID_BLOCK
+    else:  # a supervisor's first choice of uid block (another one only if a live grader holds that one)
+        low, high = uid_range(supervisor % UID_BLOCKS)
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -39,6 +40,34 @@ def leftover_processes(supervisor: int | None = None) -> list[int]:
             if low <= uid < high:
                 pids.append(int(entry.name))
     return pids
+
+
+def batch_watching_workers(*args: str, timeout: float) -> tuple[subprocess.CompletedProcess, set[int]]:
+    """`python -m grader ARGS` (a batch), and the pids of every worker it started (each is a supervisor with
+    uids of its own: other graders on a shared machine have others)."""
+    proc = subprocess.Popen([PY, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    workers: set[int] = set()
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            try:
+                workers.update(int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        done.set()
+        watcher.join()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), workers
 
 
 def grade_process(submission: Path, results: Path, *extra: str) -> subprocess.Popen:
@@ -189,16 +218,19 @@ def test_writes_stay_in_the_working_directory(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_report_names_the_layers_and_no_sandbox_still_grades(tmp_path):
-    full = run_cli("check", str(SOLUTION), "--lang", "en")
+    full = run_cli("check", str(SOLUTION), "--lang", "en", "--tmp-mb", "32")
     assert full.returncode == 0
     layers = full.stdout.split("Sandbox: ")[-1]
     if os.geteuid() == 0:
-        for layer in ("unprivileged uid", "pid namespace", "network namespace", "private /tmp"):
+        for layer in ("unprivileged uid, a new one for every run", "pid namespace", "network namespace",
+                      "own root: only the interpreter", "own /tmp for each run (tmpfs, 32 MiB)", "no_new_privs",
+                      "seccomp system call filter"):
             assert layer in layers
     bare = run_cli("check", str(SOLUTION), "--lang", "en", "--no-sandbox")
     assert bare.returncode == 0, bare.stdout
-    assert "pid namespace" not in bare.stdout.split("Sandbox: ")[-1]
-    assert "rlimits" in bare.stdout.split("Sandbox: ")[-1]
+    layers = bare.stdout.split("Sandbox: ")[-1]
+    assert "pid namespace" not in layers and "rlimits" in layers
+    assert "no namespaces" in layers and "no seccomp filter" in layers and "no_new_privs not applied" in layers
 
 
 @pytest.mark.timeout(180)
@@ -215,8 +247,8 @@ def test_hostile_class_through_batch(tmp_path):
     for cheat in ("c02_patch_comparisons", "c03_tensor_subclass", "c04_fake_output"):
         shutil.copy(FIXTURES / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
     out = tmp_path / "out"
-    proc = run_cli("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "6", "--lang", "en",
-                   timeout=170)
+    proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "6",
+                                           "--lang", "en", timeout=170)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = {
         "honest_a": ("pass", 100), "honest_b": ("pass", 100), "daemon_overwrite": ("pass", 100),
@@ -237,15 +269,17 @@ def test_hostile_class_through_batch(tmp_path):
             snapshot[path.name] = path.read_bytes()
     time.sleep(4)  # the daemon meant to wake 3 s after its run and overwrite every results file it finds
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()} == snapshot
-    assert leftover_processes() == []
+    assert workers and [pid for worker in workers for pid in leftover_processes(worker)] == []
 
 
 @pytest.mark.timeout(90)
 def test_unprivileged_user_grades_with_the_layers_it_has():
-    """As a student on a laptop (not root): no uid change, but user, pid and network namespaces where the
-    kernel allows them; a daemon still dies with its run, and the report lists what applied."""
-    assert os.geteuid() == 0, "the test makes an unprivileged user with unshare and setpriv"
-    cmd = ["unshare", "-m", "--propagation", "private", str(ROOT / "tests" / "tools" / "as_nobody.sh"),
+    """As a student on a laptop (not root): no uid change, but user, pid and network namespaces, the new root,
+    NO_NEW_PRIVS and seccomp where the kernel allows them; a daemon still dies with its run, and the report
+    lists what applied. tests/tools/as_nobody.py makes this clone reachable for nobody wherever it lives (a
+    mode-700 folder above it included), without changing anything on disk."""
+    assert os.geteuid() == 0, "the test makes an unprivileged user with tests/tools/as_nobody.py"
+    cmd = [PY, str(ROOT / "tests" / "tools" / "as_nobody.py"),
            PY, "-m", "grader", "check", str(SANDBOX / "daemon_overwrite.py"), "--lang", "en"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -253,7 +287,8 @@ def test_unprivileged_user_grades_with_the_layers_it_has():
     assert proc.returncode == 0, out
     layers = out.split("Sandbox: ")[-1]
     assert "unprivileged uid" not in layers
-    assert "user namespace" in layers and "pid namespace" in layers, layers
+    for layer in ("user namespace", "pid namespace", "own root", "own /tmp", "no_new_privs", "seccomp system call"):
+        assert layer in layers, layers
     time.sleep(4)  # the daemon's moment: it never comes, its pid namespace is gone
     survivors = []
     for entry in os.scandir("/proc"):
@@ -267,18 +302,37 @@ def test_unprivileged_user_grades_with_the_layers_it_has():
 
 
 @pytest.mark.timeout(60)
-def test_a_checkout_under_tmp_is_still_importable(tmp_path):
-    """/tmp becomes the run's own folder in the ranks: a checkout that lives below /tmp (CI's, say) is
-    bound back read-only, so lazy imports from it still work."""
-    checkout = tmp_path / "checkout"
-    shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
-    (checkout / "grader" / "_checkout_probe.py").write_text("VALUE = 1\n")
-    assert str(checkout).startswith(tempfile.gettempdir())
-    proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_import.py"), "--lang", "en"],
-                          cwd=checkout, capture_output=True, text=True, timeout=50,
-                          env={**os.environ, "PYTHONPATH": str(checkout)})
+def test_the_checkout_is_not_readable_from_a_rank():
+    """A rank learns the checkout's path from the grader's own modules and tries the solution, the grader's
+    source and the tests; it also walks every folder it can see outside the system and the interpreter:
+    it finds nothing, and its honest answer still gets full marks."""
+    proc = run_cli("check", str(SANDBOX / "read_checkout.py"), "--lang", "en")
     assert proc.returncode == 0, proc.stdout
-    assert "Score: 40 / 40" in proc.stdout
+    assert "  | solution: FileNotFoundError" in proc.stdout
+    assert "  | grader source: FileNotFoundError" in proc.stdout
+    assert "  | tests: FileNotFoundError" in proc.stdout
+    assert "  | visible files: []" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_checkout_in_a_private_folder_under_tmp_grades_honest_code(tmp_path):
+    """A copy of the grader in a mode-700 folder below /tmp (as a CI clone made with `mktemp -d`): ranks get
+    the grader's modules from the zygote, the libraries from the interpreter's folders, and lazy imports of
+    the standard library, site-packages and torch still work; grader modules not preloaded do not."""
+    private = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        assert (private.stat().st_mode & 0o777) == 0o700
+        checkout = private / "checkout"
+        shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+        proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_library_import.py"), "--lang", "en",
+                               "--time-limit", "30"],
+                              cwd=checkout, capture_output=True, text=True, timeout=50,
+                              env={**os.environ, "PYTHONPATH": str(checkout)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Score: 40 / 40" in proc.stdout
+        assert "  | grader.integrations.release: ModuleNotFoundError" in proc.stdout
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 @pytest.mark.timeout(60)
@@ -289,3 +343,54 @@ def test_ranks_see_no_secret_of_the_grader():
     assert proc.returncode == 0, proc.stdout
     assert "  | found: {}" in proc.stdout
     assert "s3cret-value" not in proc.stdout
+
+
+def _grader_imports(path: Path) -> set[str]:
+    """Grader modules a file imports anywhere (function bodies included), as absolute names."""
+    import ast
+    package = "grader." + ".".join(path.relative_to(ROOT / "grader").with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            if module.startswith("grader"):
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("grader"))
+    return {m for m in found if (ROOT / (m.replace(".", "/") + ".py")).exists()
+            or (ROOT / m.replace(".", "/") / "__init__.py").exists()}
+
+
+@pytest.mark.timeout(60)
+def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
+    """Ranks cannot read the checkout: whatever grader module rank.py reaches (lazily too), and whatever the
+    exercise notebooks import from the grader, must already be in the zygote's memory when it forks."""
+    reached, todo = set(), ["grader.processes.rank"]
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if path.exists():
+            todo += sorted(_grader_imports(path))
+    for nb in (ROOT / "assignments").rglob("*.ipynb"):
+        for cell in json.loads(nb.read_text())["cells"]:
+            for line in "".join(cell["source"]).split("\n"):
+                words = line.split()
+                if words[:1] in (["from"], ["import"]) and len(words) > 1 and words[1].startswith("grader"):
+                    reached.add(words[1])
+                    if words[0] == "from" and words[2:3] == ["import"]:
+                        names = " ".join(words[3:]).replace(",", " ").split()
+                        reached.update(f"{words[1]}.{n}" for n in names
+                                       if (ROOT / words[1].replace(".", "/") / f"{n}.py").exists())
+    code = "import sys; from grader.processes import zygote; print(sorted(m for m in sys.modules if m.startswith('grader')))"
+    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    loaded = set(eval(proc.stdout))
+    assert "grader.integrations.nbcheck" in reached
+    assert reached - loaded == set(), proc.stderr

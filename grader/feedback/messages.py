@@ -210,6 +210,31 @@ CATALOG: dict[str, tuple[str, str]] = {
     # --- list
     "list.header": ("练习（括号内为总分与可见的进程数；隐藏测试的进程数不显示）：", "Exercises (total points and visible world sizes; hidden world sizes are not shown):"),
     "list.row": ("  {name}：{title}（{points:g} 分；可见进程数 {visible}）", "  {name}: {title} ({points:g} points; visible world sizes {visible})"),
+    # --- sandbox and batch input (issue 10)
+    "layer.uid_per_run": ("非特权用户，每次运行使用新的 uid", "unprivileged uid, a new one for every run"),
+    "layer.ipc_ns": ("IPC 命名空间", "ipc namespace"),
+    "layer.new_root": ("独立的根目录：只有解释器和它的库（只读）", "own root: only the interpreter and its libraries, read-only"),
+    "layer.tmpfs": ("每次运行独立的 /tmp（tmpfs，{mb} MiB）", "own /tmp for each run (tmpfs, {mb} MiB)"),
+    "layer.no_namespaces": ("没有命名空间：进程能看到本机的文件（此机器不支持，或使用了 --no-sandbox）",
+                            "no namespaces: ranks see this machine's files (not available here, or --no-sandbox)"),
+    "layer.no_new_privs": ("禁止提权（no_new_privs）", "no_new_privs"),
+    "layer.no_new_privs_off": ("未启用禁止提权（no_new_privs）", "no_new_privs not applied"),
+    "layer.seccomp": ("seccomp 系统调用过滤", "seccomp system call filter"),
+    "layer.seccomp_off": ("未启用 seccomp 系统调用过滤", "no seccomp filter"),
+    "load.too_deep": ("{file} 所在的文件夹层级太深（超过 {limit} 层），无法评分。",
+                      "{file} lies in folders nested too deep (more than {limit} levels) to grade."),
+    "load.not_a_file": ("{file} 不是普通文件（{kind}），无法评分。", "{file} is not a regular file ({kind}) and cannot be graded."),
+    "load.symlink": ("{file} 是符号链接，不会被跟随；请提交文件本身。", "{file} is a symbolic link, which is not followed: submit the file itself."),
+    "static.too_complex": ("代码中有嵌套过深的表达式，Python 无法解析：{message}",
+                           "The code holds an expression nested too deep for Python to parse: {message}"),
+    "static.parse_memory": ("解析代码时内存不足：代码过大或嵌套过深。", "Parsing the code ran out of memory: the code is too large or nested too deep."),
+    "note.magic_ignored": ("第 {cell} 个代码单元格以 %%{magic} 开头，它不是 Python 代码，评分时被忽略。",
+                           "Code cell {cell} starts with %%{magic}, which is not Python: it was left out of grading."),
+    "note.magic_local": ("第 {cell} 个代码单元格以 %%{magic} 开头：它在单独的作用域中运行单元格，其中定义的内容不会保留，因此评分时被忽略。",
+                         "Code cell {cell} starts with %%{magic}, which runs the cell in a scope of its own: nothing it defines is kept, so it was left out of grading."),
+    "note.magics_unavailable": ("评分环境没有安装 IPython：第 {line} 行的 %{magic} 没有运行，按注释处理。",
+                                "IPython is not installed where this was graded: the %{magic} at line {line} was not run but read as a comment."),
+    "batch.entry_failed": ("评分 {name} 时出错：{error}", "Grading {name} failed: {error}"),
 }
 
 

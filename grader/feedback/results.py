@@ -1,6 +1,7 @@
 """results.json in Gradescope's schema; the only module that knows its keys. Written atomically."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -58,10 +59,13 @@ def causes(check, lang: str) -> list[dict]:
 
 
 def write_atomic(path: Path, data: str) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a file. The temporary
+    name is short whatever `path` is called (`.<hash of the name>.<random>.tmp`, under 40 bytes), so any
+    name the file system allows for `path` works."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tag = hashlib.sha256(os.fsencode(path.name)).hexdigest()[:12]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{tag}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(data)

@@ -12,6 +12,13 @@ of JSON lines. A worker that dies or overruns is killed by process group and rep
 graded again once in a fresh worker, then gets a "grader failed" result. Only the parent writes files,
 each atomically, so a SIGKILL at any moment leaves whole files only; a rerun skips every student whose
 results hold the same content hash (and language and rubric) and sweeps stale temporary files.
+
+No entry can stop the class: discovery reads the folder with lstat only (a symbolic link is never followed:
+not to a classmate's file, not out of the folder, not into a loop), one file under two names (hard links)
+is graded once, sizes are checked before reading (load.py), any failure while hashing, grading or writing
+one student becomes that student's row, and grades.csv is always written. Results files get a name that
+is safe for any legal entry name; gradebook cells cannot start a spreadsheet formula; names printed on the
+terminal have their control characters escaped.
 """
 from __future__ import annotations
 
@@ -21,20 +28,25 @@ import hashlib
 import io
 import json
 import os
+import re
 import selectors
 import signal
+import stat
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..exercise import registry
 from ..submission import load as loader
 from ..feedback.messages import default_lang, render
-from ..feedback.results import failed_results, write_atomic
+from ..feedback.results import failed_results, to_gradescope, write_atomic
+from ..model import CheckResult, GradingResult, Note, Outcome
 from ..processes.sandbox import default_total_mb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,35 +62,125 @@ class Student:
     digest: str = ""
     attempts: int = 0
     errors: list[str] = field(default_factory=list)
+    problem: tuple[str, dict] | None = None   # cannot be graded at all (a symbolic link ...): its row says why
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal or a table: control, format and unassigned characters (newlines, ANSI escapes,
+    bidi overrides) and undecodable bytes are shown escaped."""
+    text = os.fsencode(text).decode("utf-8", "backslashreplace") if isinstance(text, str) else str(text)
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            out.append(repr(ch)[1:-1] if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+SAFE_NAME = re.compile(r"[\w][\w.\-]*")
+MAX_RESULT_NAME = 120  # bytes of a results file's name; any legal entry name (up to 255 bytes) fits
+
+
+def results_name(student: str) -> str:
+    """OUT/<this>: `<student>.json` when the name is plain and short; otherwise a readable part of it plus a
+    hash of the whole name, so that every legal name (newlines, escapes, 255 bytes, undecodable bytes) maps to
+    a distinct, harmless file name that write_atomic's temporary names can extend."""
+    if SAFE_NAME.fullmatch(student) and len(os.fsencode(student)) <= MAX_RESULT_NAME - 5 and student.isprintable():
+        return f"{student}.json"
+    digest = hashlib.sha256(os.fsencode(student)).hexdigest()[:16]
+    readable = re.sub(r"[^\w.\-]+", "_", os.fsencode(student).decode("utf-8", "replace")).strip("._-")
+    while len(readable.encode()) > 48:
+        readable = readable[:-1]
+    return f"{readable}-{digest}.json" if readable else f"{digest}.json"
+
+
+def _student_name(entry_name: str, is_dir: bool) -> str | None:
+    """The student an entry of the class folder stands for, or None when it does not look like one."""
+    if is_dir:
+        return entry_name
+    suffix = os.path.splitext(entry_name)[1]
+    return entry_name[: -len(suffix)] if suffix in loader.SUFFIXES and entry_name[: -len(suffix)] else None
 
 
 def discover(folder: Path, out: Path) -> tuple[list[Student], list[str]]:
-    """Students in `folder`, sorted by name; and what was skipped, with why."""
-    students, skipped, seen = [], [], {}
-    out = out.resolve()
-    for entry in sorted(folder.iterdir()):
-        if entry.name.startswith(".") or entry.name.startswith("__") or entry.resolve() == out:
+    """Students in `folder`, sorted by name; and what was skipped, with why. Reads the folder with lstat
+    only: nothing here follows a symbolic link or opens a file."""
+    students, skipped, seen, inodes = [], [], {}, {}
+    try:
+        out_id = os.stat(out)
+        out_key = (out_id.st_dev, out_id.st_ino)
+    except OSError:
+        out_key = None
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: os.fsencode(e.name))
+    except OSError as err:
+        raise SystemExit(f"cannot read the class folder {folder}: {err.strerror or err}")
+    for entry in entries:
+        name = entry.name
+        shown = printable(name)
+        if name.startswith("."):
+            skipped.append(f"{shown} (hidden)")
             continue
-        if entry.is_dir():
-            name = entry.name
-        elif entry.is_file() and entry.suffix in loader.SUFFIXES:
-            name = entry.stem
+        if name.startswith("__"):
+            skipped.append(f"{shown} (starts with __: Python's own, such as __pycache__)")
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as err:
+            student = _student_name(name, False) or name
+            students.append(Student(student, Path(entry.path), problem=("load.unreadable", {"file": shown, "error": err.strerror or str(err)})))
+            continue
+        if (st.st_dev, st.st_ino) == out_key:
+            skipped.append(f"{shown} (the output folder)")
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            student = _student_name(name, not os.path.splitext(name)[1])
+            if student is None:
+                skipped.append(f"{shown} (a symbolic link: not followed)")
+                continue
+            problem = ("load.symlink", {"file": shown})
+        elif stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+            student = _student_name(name, stat.S_ISDIR(st.st_mode))
+            if student is None:
+                skipped.append(f"{shown} (not a .py, .ipynb or folder)")
+                continue
+            problem = None
+            if stat.S_ISREG(st.st_mode):
+                key = (st.st_dev, st.st_ino)
+                if key in inodes:
+                    skipped.append(f"{shown} (the same file as {printable(inodes[key])}: a hard link, graded once)")
+                    continue
+                inodes[key] = name
         else:
-            skipped.append(f"{entry.name} (not a .py, .ipynb or folder)")
+            student = _student_name(name, False)
+            if student is None:
+                skipped.append(f"{shown} (not a regular file or folder)")
+                continue
+            problem = ("load.not_a_file", {"file": shown, "kind": "FIFO" if stat.S_ISFIFO(st.st_mode) else "special file"})
+        if student in seen or student == "grades":
+            taken = printable(seen.get(student, "grades.csv"))
+            skipped.append(f"{shown} (student {printable(student)!r} already taken by {taken})")
             continue
-        if name in seen or name == "grades":
-            skipped.append(f"{entry.name} (student {name!r} already taken by {seen.get(name, 'grades.csv')})")
-            continue
-        seen[name] = entry.name
-        students.append(Student(name, entry))
-    return students, skipped
+        seen[student] = name
+        students.append(Student(student, Path(entry.path), problem=problem))
+    by_result = {}
+    for student in students:  # distinct students never share a results file (hashed names, in theory)
+        by_result.setdefault(results_name(student.name), []).append(student)
+    clashes = {id(s) for group in by_result.values() for s in group[1:]}
+    for student in [s for s in students if id(s) in clashes]:
+        skipped.append(f"{printable(student.path.name)} (its results file name is taken by another student)")
+    students = [s for s in students if id(s) not in clashes]
+    return sorted(students, key=lambda s: os.fsencode(s.name)), skipped
 
 
 def content_hash(path: Path) -> str:
-    """sha256 of what would be graded: the entry file's name inside the student's folder and its bytes."""
+    """sha256 of what would be graded: the entry file's name inside the student's folder and its bytes, or,
+    when it cannot be read, the problem (so a file that becomes readable, or smaller, is graded again)."""
     submission = loader.load(path)
     entry = submission.path.relative_to(path).as_posix() if path.is_dir() and submission.path != path else ""
-    return hashlib.sha256(entry.encode() + b"\0" + submission.raw).hexdigest()
+    problem = json.dumps(list(submission.problem), sort_keys=True, default=str) if submission.problem else ""
+    return hashlib.sha256(os.fsencode(entry) + b"\0" + submission.raw + b"\0" + problem.encode()).hexdigest()
 
 
 def read_results(path: Path) -> dict | None:
@@ -121,13 +223,12 @@ def lock(out: Path):
 
 # -- the worker: one Runner, one student at a time -----------------------------------------------------
 def worker_main(argv: list[str]) -> int:
-    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB
+    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB TMP_MB
     EXERCISE [EXERCISES_DIR ...]`.
 
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
     from .. import api
-    from ..feedback.results import to_gradescope
     from ..processes.runner import Runner
     from ..processes.sandbox import Limits, set_parent_death_signal
 
@@ -136,21 +237,31 @@ def worker_main(argv: list[str]) -> int:
     if os.getppid() != parent:                    # its zygote, which exits when its socket closes)
         return 1
     lang, backend, wall_s, memory_mb, sandbox = argv[0], argv[1], float(argv[2]), int(argv[3]), argv[4] == "1"
-    total_mb = int(argv[5])
-    exercise = registry.get(argv[6], argv[7:])
+    total_mb, tmp_mb = int(argv[5]), int(argv[6])
+    exercise = registry.get(argv[7], argv[8:])
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     fault = os.environ.get(FAULT_ENV)
-    with Runner(limits=Limits(wall_s=wall_s, memory_mb=memory_mb, total_mb=total_mb), sandbox=sandbox) as runner:
+    limits = Limits(wall_s=wall_s, memory_mb=memory_mb, total_mb=total_mb, tmp_mb=tmp_mb)
+    with Runner(limits=limits, sandbox=sandbox) as runner:
         for line in sys.stdin:
             task = json.loads(line)
             if fault and task["name"] == fault:
                 os._exit(3)
-            result = api.grade_path(Path(task["path"]), runner=runner, exercise=exercise, include_hidden=True, backend=backend,
-                                    show_output=False)
-            data = to_gradescope(result, lang)
-            data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
-            proto.write(json.dumps({"name": task["name"], "results": data}, ensure_ascii=False) + "\n")
+            try:
+                submission = loader.load(Path(task["path"]))
+                result = api.grade(submission, runner=runner, exercise=exercise, include_hidden=True, backend=backend,
+                                   show_output=False)
+                data = to_gradescope(result, lang)
+                data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
+                if submission.problem is not None:
+                    data["extra_data"]["problem"] = submission.problem.key
+                reply = json.dumps({"name": task["name"], "results": data})
+            except Exception:  # this student only: the worker carries on with the next one
+                data = failed_results(loader.display_name(Path(task["path"]).name), traceback.format_exc(), lang)
+                data["extra_data"]["scores"] = {c.id: 0 for c in exercise.checks}
+                reply = json.dumps({"name": task["name"], "results": data})
+            proto.write(reply + "\n")
             proto.flush()
     return 0
 
@@ -161,7 +272,8 @@ class Worker:
     def __init__(self, args, log_dir: Path, index: int):
         cmd = [sys.executable, "-c", "import sys; from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
                args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
-               str(args.memory_total_mb or default_total_mb(args.jobs)), args.exercise_spec.name, *args.exercises_dir]
+               str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
+               *args.exercises_dir]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.log = log_dir / f"worker-{index}.log"
@@ -179,7 +291,7 @@ class Worker:
         self.deadline = time.monotonic() + budget + (120 if self.first else 0)
         self.first = False
         try:
-            self.proc.stdin.write((json.dumps({"name": student.name, "path": str(student.path.resolve())}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"name": student.name, "path": os.path.abspath(student.path)}) + "\n").encode())
             self.proc.stdin.flush()
             return True
         except (BrokenPipeError, OSError):
@@ -241,10 +353,40 @@ class Worker:
         self.kill()
 
 
+def save(out: Path, student: Student, data: dict, lang: str, exercise) -> dict:
+    """Write OUT/<results_name>; a failure to write is recorded in the row (the gradebook still lists it)."""
+    extra = data.setdefault("extra_data", {})
+    extra["batch"] = {"content_hash": student.digest, "lang": lang, "rubric": exercise.rubric_key(), "entry": printable(student.path.name)}
+    try:
+        write_atomic(out / results_name(student.name), json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    except (OSError, ValueError) as err:
+        extra["write_error"] = f"{type(err).__name__}: {err}"
+    return data
+
+
+def problem_results(student: Student, key: str, params: dict, lang: str, exercise) -> dict:
+    """The results of an entry that cannot be graded at all (a symbolic link, a FIFO): every check fails
+    with the reason, exactly as `grade` reports a submission it cannot load."""
+    note = Note(key, params)
+    result = GradingResult(printable(student.path.name), [CheckResult(spec, Outcome.NOT_SUBMITTED, 0.0, [note])
+                                                          for spec in exercise.checks], summary=[note])
+    data = to_gradescope(result, lang)
+    data["extra_data"].update(problem=key, scores={c.id: 0 for c in exercise.checks})
+    return data
+
+
+def entry_failed(student: Student, error: str, lang: str, exercise) -> dict:
+    """A failure of the grader around one entry (hashing it, say): that entry's own 'grader failed' row."""
+    data = failed_results(printable(student.path.name), error, lang)
+    data["extra_data"]["scores"] = {c.id: 0 for c in exercise.checks}
+    return data
+
+
 # -- scheduling -------------------------------------------------------------------------------------
-def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]:
-    """Grade `todo` on args.jobs workers; every student gets a results dict, whatever happens to workers."""
-    results: dict[str, dict] = {}
+def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Grade `todo` on args.jobs workers; every student gets a results dict, whatever happens to workers.
+    `results` (filled in as students finish) stays valid if this raises: run() still writes the gradebook."""
+    results = {} if results is None else results
     queue = list(todo)
     budget = 60 + 4 * args.time_limit       # two rounds of runs of at most time_limit each, with margins
     log_dir = Path(tempfile.mkdtemp(prefix="grader-batch-"))
@@ -252,10 +394,8 @@ def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]
     sel = selectors.DefaultSelector()
 
     def finish(student: Student, data: dict) -> None:
-        data.setdefault("extra_data", {})["batch"] = {"content_hash": student.digest, "lang": args.lang, "rubric": args.exercise_spec.rubric_key()}
-        write_atomic(out / f"{student.name}.json", json.dumps(data, ensure_ascii=False, indent=2) + "\n")
-        results[student.name] = data
-        progress.advance(student.name)
+        results[student.name] = save(out, student, data, args.lang, args.exercise_spec)
+        progress.advance(printable(student.name))
 
     def worker_lost(worker: Worker) -> None:
         student, worker.student = worker.student, None
@@ -270,7 +410,7 @@ def grade_all(todo: list[Student], args, out: Path, progress) -> dict[str, dict]
                 queue.insert(0, student)
             else:
                 error = "\n\n".join(f"attempt {i + 1}: {e}" for i, e in enumerate(student.errors))
-                data = failed_results(student.name, error, args.lang)
+                data = failed_results(printable(student.path.name), error, args.lang)
                 data["extra_data"]["scores"] = {c.id: 0 for c in args.exercise_spec.checks}
                 finish(student, data)
 
@@ -321,6 +461,8 @@ def verdict(data: dict, exercise) -> str:
     extra = data.get("extra_data") or {}
     if extra.get("grader_error"):
         return "grader_failed"
+    if isinstance(extra.get("problem"), str):  # could not be graded: why (too_large, symlink, too_deep ...)
+        return extra["problem"].split(".", 1)[-1]
     outcomes = extra.get("outcomes") or {}
     for spec in exercise.checks:
         outcome = outcomes.get(spec.id, "missing")
@@ -333,14 +475,26 @@ def _num(x) -> str:
     return f"{float(x):g}"
 
 
+def cell(value) -> str:
+    """A gradebook cell that a spreadsheet shows as text: never a formula (a leading = + - @ tab or CR gets a
+    quote before it, as OWASP advises), and on one line (control characters escaped, as on the terminal)."""
+    text = str(value)
+    return ("'" if text[:1] in ("=", "+", "-", "@", "\t", "\r") else "") + printable(text)
+
+
+def _sorted(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    return sorted(rows, key=lambda row: os.fsencode(row[0]))
+
+
 def gradebook(rows: list[tuple[str, dict]], exercise) -> str:
     """grades.csv: the same submissions give the same bytes (sorted by student, no times)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["student", "total", *(c.id for c in exercise.checks), "verdict"])
-    for name, data in sorted(rows):
+    for name, data in _sorted(rows):
         scores = (data.get("extra_data") or {}).get("scores") or {}
-        writer.writerow([name, _num(data.get("score", 0)), *(_num(scores.get(c.id, 0)) for c in exercise.checks), verdict(data, exercise)])
+        writer.writerow([cell(name), _num(data.get("score", 0)), *(_num(scores.get(c.id, 0)) for c in exercise.checks),
+                         cell(verdict(data, exercise))])
     return buf.getvalue()
 
 
@@ -351,7 +505,7 @@ def summary(rows: list[tuple[str, dict]], lang: str, exercise) -> str:
     for _, d in rows:
         verdicts[verdict(d, exercise)] = verdicts.get(verdict(d, exercise), 0) + 1
     lines = [f"{'student':<24} {'total':>6}  verdict"]
-    lines += [f"{name:<24} {_num(d.get('score', 0)):>6}  {verdict(d, exercise)}" for name, d in sorted(rows)]
+    lines += [f"{printable(name):<24} {_num(d.get('score', 0)):>6}  {verdict(d, exercise)}" for name, d in _sorted(rows)]
     lines.append("")
     lines.append(render("batch.verdicts", {}, lang) + "  " + ", ".join(f"{v}: {n}" for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))))
     if totals:
@@ -420,28 +574,50 @@ def run(args) -> int:
     started = time.monotonic()
     with held:
         swept = sweep_temporaries(out)
-        students, skipped = discover(folder, out)
+        try:
+            students, skipped = discover(folder, out)
+        except SystemExit as err:
+            print(err, file=sys.stderr)
+            return 2
         for why in skipped:
             print(f"skipped: {why}", file=sys.stderr)
         try:
-            args.exercise_spec = class_exercise(folder, students, args)
+            exercise = args.exercise_spec = class_exercise(folder, students, args)
         except registry.ExerciseError as err:
             print(render(err.key, err.params, args.lang), file=sys.stderr)
             return 2
-        todo, rows = [], []
+        todo, rows, graded = [], [], {}
         for student in students:
-            student.digest = content_hash(student.path)
-            data = read_results(out / f"{student.name}.json")
-            if up_to_date(data, student.digest, args.lang, args.exercise_spec):
+            if student.problem is not None:  # a symbolic link, a FIFO ...: its row says why, nothing is read
+                data = problem_results(student, *student.problem, args.lang, exercise)
+                graded[student.name] = save(out, student, data, args.lang, exercise)
+                continue
+            try:
+                student.digest = content_hash(student.path)
+                data = read_results(out / results_name(student.name))
+            except Exception:
+                failed = entry_failed(student, traceback.format_exc(), args.lang, exercise)
+                graded[student.name] = save(out, student, failed, args.lang, exercise)
+                continue
+            if up_to_date(data, student.digest, args.lang, exercise):
                 rows.append((student.name, data))
             else:
                 todo.append(student)
         reused = len(rows)
         progress = Progress(len(todo))
-        graded = grade_all(todo, args, out, progress) if todo else {}
-        rows += sorted(graded.items())
-        write_atomic(out / "grades.csv", gradebook(rows, args.exercise_spec))
-    sys.stdout.write(summary(rows, args.lang, args.exercise_spec))
+        try:
+            if todo:
+                grade_all(todo, args, out, progress, graded)
+        except Exception:  # a fault of the batch itself: the students it reached keep their rows
+            print(traceback.format_exc(), file=sys.stderr)
+        finally:
+            for student in todo:
+                if student.name not in graded:
+                    graded[student.name] = entry_failed(student, "the batch stopped before grading this entry",
+                                                        args.lang, exercise)
+            rows += list(graded.items())
+            write_atomic(out / "grades.csv", gradebook(rows, exercise))
+    sys.stdout.write(summary(rows, args.lang, exercise))
     print(render("batch.done", {"graded": len(graded), "reused": reused, "swept": swept,
                                 "seconds": time.monotonic() - started, "csv": out / "grades.csv"}, args.lang))
     return 0
@@ -453,16 +629,18 @@ def class_exercise(folder: Path, students: list[Student], args):
     if args.exercise:
         return registry.get(args.exercise, args.exercises_dir)
     try:
-        return registry.infer(folder.resolve(), None, args.exercises_dir)
+        return registry.infer(Path(os.path.abspath(folder)), None, args.exercises_dir)
     except registry.ExerciseError:
         pass
     votes: dict[str, int] = {}
     found = {}
     for student in students:
-        submission = loader.load(student.path)
+        if student.problem is not None:
+            continue
         try:
+            submission = loader.load(student.path)
             exercise = registry.infer(submission.path, submission.source, args.exercises_dir)
-        except registry.ExerciseError:
+        except Exception:  # noqa: BLE001  (this entry tells nothing; its own grading will say why)
             continue
         votes[exercise.name] = votes.get(exercise.name, 0) + 1
         found[exercise.name] = exercise

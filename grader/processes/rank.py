@@ -2,7 +2,8 @@
 
 The zygote imports this module (and torch) once; each rank is a fork of it. A rank:
   1. reads its spec (one JSON line) from its control pipe;
-  2. joins the grader's process group, built on the observed backend (backend.py) over a fresh store;
+  2. joins the grader's process group, built on the observed backend (backend.py) over a fresh store
+     per run (see runner.py);
   3. loads the submission's definitions only (static.definitions_only), never its launch calls;
   4. calls the exercise's entry function, while the backend reports every operation: what this rank
      sent, and what was delivered to it (protocol.py);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -24,7 +25,7 @@ from pathlib import Path
 import secrets
 
 from .protocol import Call
-from .sandbox import UID_BASE, Limits, MemoryCgroup, count_processes, default_total_mb
+from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, default_total_mb, uid_range
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
 DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
@@ -176,6 +177,10 @@ class Runner:
         os.chmod(self.base, 0o711)
         self._ids = 0
         self._sel = None
+        # Rank uids: a block of this process's own (no other live grader, batch workers included, holds it),
+        # and a new uid from it for every run, never reused while this Runner lives (up to UID_BLOCK runs).
+        self.uid_block, self._uid_claim = claim_uid_block() if sandbox and os.geteuid() == 0 else (None, None)
+        self._uids = 0
         self.cgroup: MemoryCgroup | None = None
         if sandbox and os.geteuid() == 0:
             self.cgroup = MemoryCgroup.create(f"grader-{os.getpid()}-{id(self) % 10000}",
@@ -227,12 +232,20 @@ class Runner:
     def gpus(self) -> int:
         return self._ready()["gpus"]
 
+    def next_uid(self) -> int:
+        low, high = uid_range(self.uid_block)
+        uid = low + self._uids % (high - low)
+        self._uids += 1
+        return uid
+
     def layer_names(self) -> list[str]:
+        """The layers each run gets here, as catalog ids; seccomp and NO_NEW_PRIVS are named when missing."""
         from .sandbox import Layers
-        lay = self.layers
-        layers = Layers(root=lay["root"] and self.use_sandbox, namespaces=lay["namespaces"] and self.use_sandbox,
-                        user_namespace=lay["user_namespace"])
-        names = layers.names()
+        lay, on = self.layers, self.use_sandbox
+        layers = Layers(root=lay["root"] and on, namespaces=lay["namespaces"] and on,
+                        user_namespace=lay["user_namespace"] and on, seccomp=lay.get("seccomp", False) and on,
+                        no_new_privs=lay.get("no_new_privs", False) and on)
+        names = layers.names(self.limits.tmp_mb)
         if self.cgroup is not None:
             names.append(f"memory_cgroup:{self.cgroup.limit_mb}")
         return names
@@ -251,6 +264,9 @@ class Runner:
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
+        if self._uid_claim is not None:
+            self._uid_claim.close()
+            self._uid_claim = None
         shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> Runner:
@@ -301,16 +317,21 @@ class Runner:
     def _launch(self, request: RunRequest, slot: int, sel) -> _Run:
         layers = self._ready()["layers"]
         namespaces = layers["namespaces"] and self.use_sandbox
-        drop = layers["root"] and self.use_sandbox
-        # One uid per (supervisor, slot): unique among live runs, as pids are unique among live processes.
-        # (Two Runners in one process would share uids: batch gives each Runner its own process.)
-        uid = UID_BASE + (os.getpid() % 65536) * 64 + slot if drop else None
+        drop = layers["root"] and self.use_sandbox and self.uid_block is not None
+        uid = self.next_uid() if drop else None
+        # With namespaces: the mount point of the run's new root (its /tmp is a tmpfs in there). Without:
+        # the ranks' working folder itself, on the host's disk.
         workdir = Path(tempfile.mkdtemp(prefix=f"run{slot}-", dir=self.base))
-        if uid is not None:
+        if uid is not None and not namespaces:
             os.chown(workdir, uid, uid)
         os.chmod(workdir, 0o700)
         run = _Run(request, slot, workdir, self.limits, uid)
         cwd = "/tmp" if namespaces else str(workdir)
+        # The rendezvous store. In the run's own network namespace: a TCPStore that rank 0 hosts on loopback
+        # (no file locks, so the seccomp filter can deny them; the port is free, the namespace is the run's).
+        # Without one: a FileStore in the run's folder (no port, so no clash between runs).
+        store = ({"kind": "tcp", "host": "127.0.0.1", "port": random.randrange(20000, 32000)} if namespaces
+                 else {"kind": "file", "path": f"{cwd}/.store"})
         send_fds, keep = [], []
         for r in range(request.world_size):
             spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
@@ -322,7 +343,7 @@ class Runner:
             spec = {"rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
                     "backend": request.backend, "perturb": bool(request.perturb),
-                    "store": {"kind": "file", "path": f"{cwd}/.store"}, "timeout": self.limits.wall_s}
+                    "store": store, "timeout": self.limits.wall_s}
             run.pending[spec_w] = memoryview((json.dumps(spec) + "\n").encode())
             run.spec_fd[r] = spec_w
             run.fd_role.update({spec_w: ("spec", r), res_r: ("result", r), out_r: ("output", r)})
@@ -334,6 +355,8 @@ class Runner:
         self._ids += 1
         req = {"id": self._ids, "world_size": request.world_size, "uid": uid, "cwd": cwd,
                "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
+               "seccomp": layers.get("seccomp", False) and self.use_sandbox, "store": store,
+               "no_new_privs": layers.get("no_new_privs", False) and self.use_sandbox,
                "limits": asdict(self.limits), "cuda": request.backend == "nccl",
                "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:

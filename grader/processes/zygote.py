@@ -12,6 +12,7 @@ the supervisor uses to stop the run without any race on process ids.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -19,13 +20,25 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import torch  # noqa: F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
 
 from . import rank
 
-from . import sandbox
+from . import sandbox, seccomp
+
+# Every grader module a rank uses, imported here before any fork: a rank's root holds the interpreter and
+# its libraries, not the grader's checkout, so a rank can never import grader code lazily from disk.
+# nbcheck: the exercise notebook's check cells import it, and a rank loads a notebook's imports.
+# (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
+# grader imports of the exercise's notebooks.)
+PRELOAD = ("grader.processes.rank", "grader.processes.sandbox", "grader.processes.seccomp",
+           "grader.submission.static", "grader.verify.perturb", "grader.integrations.nbcheck")
+for _name in PRELOAD:
+    importlib.import_module(_name)
+CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 # What a rank keeps of the grader's environment: nothing that could carry a TA's secrets.
 KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "OMP_NUM_THREADS",
@@ -58,7 +71,11 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: in
     """pid 1 of the run's pid namespace: fork the ranks, report each one's end, exit when all have ended."""
     sandbox.set_parent_death_signal(signal.SIGKILL)
     if req["namespaces"]:
-        sandbox.fresh_proc()
+        try:
+            sandbox.enter_root(req["workdir"])
+        except BaseException as err:
+            os.write(status_fd, (json.dumps({"t": "leader_error", "error": f"new root: {err}"}) + "\n").encode())
+            os._exit(71)
     pids = {}
     for r, (spec_fd, result_fd, out_fd) in enumerate(rank_fds):
         pid = os.fork()
@@ -101,12 +118,14 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
         for fd in (devnull, status_fd):
             os.close(fd)
         limits = sandbox.Limits(**req["limits"])
-        if req.get("cgroup"):
-            sandbox.join_cgroup(req["cgroup"])
         drop = req["uid"] is not None
         sandbox.apply_limits(limits, uid_limits=drop, address_space=not req["cuda"])
         if drop:
             sandbox.drop_privileges(req["uid"])
+        if req.get("seccomp"):  # file locks are a channel between runs, unless this run's store needs them
+            seccomp.install(deny_locks=req["store"]["kind"] != "file")
+        elif req.get("no_new_privs"):
+            seccomp.set_no_new_privs()
         os.chdir(req["cwd"])
         kept = {k: v for k, v in os.environ.items() if k in KEEP_ENV or k.startswith(KEEP_PREFIXES)}
         os.environ.clear()
@@ -127,11 +146,12 @@ def _leader(req: dict, fds: list[int], conn_fd: int) -> None:
         os.setsid()
         status_fd = fds[-1]
         rank_fds = [tuple(fds[3 * r: 3 * r + 3]) for r in range(req["world_size"])]
+        if req.get("cgroup"):  # before the new root: /sys is not in it (children inherit the cgroup)
+            sandbox.join_cgroup(req["cgroup"])
         if req["namespaces"]:
             sandbox.enter_namespaces(req["user_namespace"])
-            if req["uid"] is not None:
-                sandbox.expose_interpreter()
-            sandbox.private_tmp(req["workdir"])
+            sandbox.new_root(req["workdir"], req["limits"]["tmp_mb"], _CODE, cuda=req["cuda"])
+            os.chdir("/")  # pid 1's pivot_root moves this process's root and cwd along
         child = os.fork()
         if child == 0:
             _init_process(req, rank_fds, status_fd)
@@ -194,12 +214,17 @@ def _stop_all_runs() -> None:
             time.sleep(0.1)
 
 
-def serve(conn: socket.socket) -> None:
-    layers = sandbox.probe()
+_CODE: list[str] = []  # the interpreter's folders, bound read-only into every run's root
+
+
+def serve(conn: socket.socket, base: str) -> None:
+    _CODE[:] = sandbox.interpreter_paths(CHECKOUT)
+    layers = sandbox.probe(base, _CODE)
     rank.install_hooks()
     conn.send(json.dumps({"t": "hello", "pid": os.getpid(), "gpus": _gpu_count(),
                           "layers": {"root": layers.root, "namespaces": layers.namespaces,
-                                     "user_namespace": layers.user_namespace}}).encode())
+                                     "user_namespace": layers.user_namespace, "seccomp": layers.seccomp,
+                                     "no_new_privs": layers.no_new_privs}}).encode())
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
     while True:
         try:
@@ -241,7 +266,7 @@ def main() -> None:
     fd, base = int(sys.argv[1]), sys.argv[2]
     conn = socket.socket(fileno=fd)
     try:
-        serve(conn)
+        serve(conn, base)
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})

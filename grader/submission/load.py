@@ -1,23 +1,27 @@
 """Load a submission from disk: a `.py` file, a notebook, or a folder holding one of them.
 
 Loading never raises for bad input: a problem becomes a `Problem` (a message key and its values)
-that the score step turns into a clear message and a zero.
+that the score step turns into a clear message and a zero. The size is checked before anything is
+read (a sparse file can claim 200 GB), only regular files are read (never a FIFO or a device), and a
+student's folder is searched without following symbolic links, to a bounded depth.
 """
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import notebook
+from .static import Problem
 
 MAX_BYTES = 1 << 20  # a submission of more than 1 MiB is not a solution to this exercise
 SUFFIXES = (".py", ".ipynb")
+MAX_DEPTH = 32       # folders below a student's folder searched for the submission
+MAX_ENTRIES = 10_000  # entries looked at in one student's folder
 
-
-@dataclass(frozen=True)
-class Problem:
-    key: str                 # message catalog key
-    params: dict
+__all__ = ["MAX_BYTES", "SUFFIXES", "Problem", "Submission", "display_name", "find_entry", "load", "from_source", "read_limited"]
 
 
 @dataclass(frozen=True)
@@ -27,45 +31,127 @@ class Submission:
     source: str | None       # Python source (a notebook's code cells, joined) or None on a problem
     problem: Problem | None = None
     raw: bytes = b""         # the bytes read, for content hashes
+    notes: tuple = ()        # non-fatal notes for the student: Problem(key, params) each (ignored %%bash cells ...)
 
 
-def find_entry(folder: Path) -> Path | None:
-    """The one submission file inside a student's folder (nbgrader's submitted/<student>/<assignment>/)."""
-    candidates = sorted(p for p in folder.rglob("*")
-                        if p.is_file() and p.suffix in SUFFIXES
-                        and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    if not candidates:
-        return None
-    notebooks = [p for p in candidates if p.suffix == ".ipynb"]
-    return (notebooks or candidates)[0]
+def _walk(folder: Path, truncated: list | None = None):
+    """(file, depth) below `folder`, breadth first, without following symbolic links; folders
+    that cannot be read are skipped. Depth-limited and count-limited: never recursion, never a loop.
+    Appends True to `truncated` when it stopped at a limit."""
+    truncated = [] if truncated is None else truncated
+    queue, seen = [(folder, 1)], 0
+    while queue:
+        current, depth = queue.pop(0)
+        try:
+            entries = sorted(os.scandir(current), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if seen > MAX_ENTRIES:
+                truncated.append(True)
+                return
+            try:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name.startswith("."):
+                        continue
+                    if depth < MAX_DEPTH:
+                        queue.append((Path(entry.path), depth + 1))
+                    else:
+                        truncated.append(True)
+                elif entry.is_file(follow_symlinks=False):
+                    yield Path(entry.path), depth
+            except OSError:
+                continue
+
+
+def find_entry(folder: Path, truncated: list | None = None) -> Path | None:
+    """The one submission file inside a student's folder (nbgrader's submitted/<student>/<assignment>/):
+    a notebook if there is one, else a .py; the first by path. Hidden files and folders, symbolic links
+    and anything deeper than MAX_DEPTH are not considered."""
+    candidates = [(p.suffix != ".ipynb", p.relative_to(folder).parts, p) for p, _ in _walk(folder, truncated)
+                  if p.suffix in SUFFIXES and not p.name.startswith(".")]
+    return min(candidates)[2] if candidates else None
+
+
+def display_name(name: str) -> str:
+    """A file name as text that can always be encoded (undecodable bytes shown as \\xNN)."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def read_limited(path: Path, limit: int = MAX_BYTES) -> tuple[bytes | None, Problem | None]:
+    """The bytes of a regular file of at most `limit` bytes, or the problem. Opens without blocking (a FIFO
+    would wait for a writer), checks the type and size with fstat, then reads at most limit + 1 bytes."""
+    name = display_name(path.name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            return None, Problem("load.too_deep", {"file": name, "limit": MAX_DEPTH})
+        return None, Problem("load.unreadable", {"file": name, "error": err.strerror or str(err)})
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "folder" if stat.S_ISDIR(st.st_mode) else "FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "socket"
+            return None, Problem("load.not_a_file", {"file": name, "kind": kind})
+        if st.st_size > limit:
+            return None, Problem("load.too_large", {"file": name, "size": st.st_size})
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        raw = b"".join(chunks)
+        if len(raw) > limit:  # grew since fstat
+            return None, Problem("load.too_large", {"file": name, "size": len(raw)})
+        return raw, None
+    except OSError as err:
+        return None, Problem("load.unreadable", {"file": name, "error": err.strerror or str(err)})
+    finally:
+        os.close(fd)
 
 
 def load(path: Path) -> Submission:
     path = Path(path)
-    if path.is_dir():
-        entry = find_entry(path)
-        if entry is None:
-            return Submission(path, path.name, None, Problem("load.no_file", {"folder": path.name}))
-        path = entry
-    name = path.name
     try:
-        raw = path.read_bytes()
-    except OSError as err:
-        return Submission(path, name, None, Problem("load.unreadable", {"file": name, "error": err.strerror or str(err)}))
-    if len(raw) > MAX_BYTES:
-        return Submission(path, name, None, Problem("load.too_large", {"file": name, "size": len(raw)}), raw)
+        is_dir = path.is_dir()
+    except OSError as err:  # a name too long for the system (a file 1000 folders deep), a loop ...
+        name = display_name(path.name)
+        key = "load.too_deep" if err.errno == errno.ENAMETOOLONG else "load.unreadable"
+        return Submission(path, name, None, Problem(key, {"file": name, "limit": MAX_DEPTH,
+                                                          "error": err.strerror or str(err)}))
+    if is_dir:
+        truncated: list[bool] = []
+        entry = find_entry(path, truncated)
+        if entry is None:
+            name = display_name(path.name)
+            if truncated:
+                return Submission(path, name, None, Problem("load.too_deep", {"file": name, "limit": MAX_DEPTH}))
+            return Submission(path, name, None, Problem("load.no_file", {"folder": name}))
+        path = entry
+    name = display_name(path.name)
+    raw, problem = read_limited(path)
+    if problem is not None:
+        return Submission(path, name, None, problem)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         return Submission(path, name, None, Problem("load.not_utf8", {"file": name, "offset": err.start}), raw)
+    notes: tuple = ()
     if path.suffix == ".ipynb":
-        source, problem = notebook.code_from_notebook(text)
+        source, problem, found = notebook.notebook_code(text)
+        notes = tuple(Problem(key, params) for key, params in found)
         if problem is not None:
-            return Submission(path, name, None, Problem(*problem), raw)
+            return Submission(path, name, None, Problem(*problem), raw, notes)
         text = source
     if not text.strip():
-        return Submission(path, name, None, Problem("load.empty", {"file": name}), raw)
-    return Submission(path, name, text, None, raw)
+        return Submission(path, name, None, Problem("load.empty", {"file": name}), raw, notes)
+    return Submission(path, name, text, None, raw, notes)
 
 
 def from_source(source: str, filename: str = "submission.py") -> Submission:

@@ -1,28 +1,159 @@
-"""Notebooks as submissions: the code cells of an `.ipynb`, with IPython magics and shell lines removed.
+"""Notebooks as submissions: the code cells of an `.ipynb`, as the Python that Jupyter runs.
 
-`code_from_notebook` never raises: a notebook that cannot be graded becomes a (catalog key, values)
-problem -- bad JSON, no code cells, or `run_worker` split over cells with other top-level code between
-its parts (joined, such cells parse as something the student never wrote; run one by one, as Jupyter
-does, the continuation is an IndentationError).
+Each code cell goes through IPython's own `TransformerManager` (the code Jupyter runs for line and cell
+magics, `!cmd`, `x = !cmd`, `obj?`), then:
+  - a cell magic whose body IPython runs as Python in the notebook's namespace (`%%time`, `%%capture`,
+    `%%prun`, `%%debug`) is graded as its body;
+  - `%%timeit` runs its body in a scope of its own (nothing it defines is kept) and any other cell magic
+    (`%%bash`, `%%writefile`, `%%html` ...) is not Python: the cell is left out, with a note the student sees;
+  - `%time STMT` / `%prun STMT` become STMT; every other line magic or shell line becomes `pass`, on its
+    own line, so line numbers (tracebacks, messages) still point at the student's lines.
+Without IPython (an environment that lacks it) cells are read the same way by a small fallback, which
+leaves `%time STMT` out with a note.
+
+`notebook_code` never raises: a notebook that cannot be graded becomes a (catalog key, values) problem --
+bad JSON, no code cells, or `run_worker` split over cells with other top-level code between its parts
+(joined, such cells parse as something the student never wrote; run one by one, as Jupyter does, the
+continuation is an IndentationError). Text is split into lines on "\n" only, as Python's tokenizer does
+(str.splitlines also splits on characters such as \x1c, which a comment may hold).
 """
 from __future__ import annotations
 
 import ast
 import json
 import re
+import warnings
 
 ENTRY_DEF = re.compile(r"^(?:async[ \t]+)?def[ \t]+run_worker\b", re.MULTILINE)
+NAMESPACE_CELL_MAGICS = {"time", "capture", "prun", "debug"}  # IPython runs the body in the user namespace
+LOCAL_CELL_MAGICS = {"timeit"}                                 # runs the body in a scope of its own
+STATEMENT_LINE_MAGICS = {"time", "prun", "debug"}              # `%time STMT` runs STMT in the user namespace
+_TRANSFORMER: list = []
 
 
-def _strip_ipython(line: str) -> str:
-    stripped = line.lstrip()
-    if stripped.startswith(("%", "!")):
-        # keep the line count, so tracebacks point at the student's lines
-        return line[: len(line) - len(stripped)] + "pass  # " + stripped.rstrip("\n") + ("\n" if line.endswith("\n") else "")
-    return line
+def _lines(text: str) -> list[str]:
+    """Lines with their ends, split on "\n" only."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
-def cell_source(cell: dict) -> str:
+def _transformer():
+    """IPython's TransformerManager, or None where IPython is not installed."""
+    if not _TRANSFORMER:
+        try:
+            from IPython.core.inputtransformer2 import TransformerManager
+            _TRANSFORMER.append(TransformerManager())
+        except Exception:  # ImportError, or a broken IPython
+            _TRANSFORMER.append(None)
+    return _TRANSFORMER[0]
+
+
+def _parse(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _ipython_call(node: ast.AST) -> tuple[str, list] | None:
+    """(method, constant args) of `get_ipython().method(...)`, else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "get_ipython"):
+        return node.func.attr, [a.value if isinstance(a, ast.Constant) else None for a in node.args]
+    return None
+
+
+def _cell_magic(src: str) -> tuple[str, str, str] | None:
+    """(name, arguments, body) when the cell starts with a cell magic (`%%name` on its first line)."""
+    if not src.startswith("%%"):
+        return None
+    first, _, body = src.partition("\n")
+    name, _, args = first[2:].strip().partition(" ")
+    return name, args.strip(), body
+
+
+def _cell(src: str, depth: int = 0) -> tuple[str, list[tuple[str, dict]]]:
+    """One cell as Python with the same number of lines, and its notes (a "line" param: 1-based, in the cell)."""
+    magic = _cell_magic(src)
+    if magic is not None and depth < 3:
+        name, _, body = magic
+        if name in NAMESPACE_CELL_MAGICS:
+            code, notes = _cell(body, depth + 1)
+            return f"# %%{name}\n" + code, [(key, {**params, "line": params["line"] + 1}) if "line" in params
+                                             else (key, params) for key, params in notes]
+        key = "note.magic_local" if name in LOCAL_CELL_MAGICS else "note.magic_ignored"
+        return "\n" * src.count("\n"), [(key, {"magic": name})]
+    if not any(ch in src for ch in "%!?"):
+        return src, []
+    manager = _transformer()
+    if manager is None:
+        return _fallback(src)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            code = manager.transform_cell(src)
+    except Exception:
+        return _fallback(src)
+    lines, original = _lines(code), _lines(src)
+    if len(lines) != len(original) and not (len(lines) == len(original) + 1 and lines[-1] == "\n"):
+        return _fallback(src)  # a line continuation was merged: keep the student's line numbers instead
+    tree = _parse(code)
+    if tree is None:
+        return _fallback(src)
+    out = list(original)
+    for stmt in ast.walk(tree):
+        if not isinstance(stmt, (ast.Expr, ast.Assign, ast.AugAssign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        call = _ipython_call(stmt.value)
+        if call is None:
+            continue
+        first, last = stmt.lineno - 1, (stmt.end_lineno or stmt.lineno) - 1
+        indent = original[first][: len(original[first]) - len(original[first].lstrip())]
+        method, args = call
+        replacement = None
+        if isinstance(stmt, ast.Expr) and method == "run_line_magic" and len(args) == 2 \
+                and args[0] in STATEMENT_LINE_MAGICS and isinstance(args[1], str) and "\n" not in args[1] \
+                and _parse(args[1]) is not None:
+            replacement = indent + args[1].strip()
+        if replacement is None:
+            replacement = indent + "pass  # " + original[first].strip()
+        out[first] = replacement + "\n"
+        for i in range(first + 1, last + 1):
+            out[i] = "\n"
+    text = "".join(out)
+    return (text if src.endswith("\n") or not text.endswith("\n") else text[:-1]), []
+
+
+_SHELL_ASSIGN = re.compile(r"^[\w.\[\], ]+=\s*[!%]")  # x = !ls, x = %sx ls
+_HELP = re.compile(r"^[\w.]+\?{1,2}\s*$")          # obj?, obj??
+
+
+def _fallback(src: str) -> tuple[str, list[tuple[str, dict]]]:
+    """Without IPython: every magic, shell or help line becomes `pass`, in place (with the lines a trailing
+    backslash continues it onto); `%time STMT` is noted, since it is not run."""
+    out, notes, continued = [], [], None
+    for number, line in enumerate(_lines(src), 1):
+        stripped = line.lstrip()
+        body = stripped.rstrip("\n")
+        end = "\n" if line.endswith("\n") else ""
+        if continued is not None:
+            out.append(continued + "pass  # " + body + end)
+            continued = continued if body.endswith("\\") else None
+            continue
+        if stripped.startswith(("%", "!")) or _SHELL_ASSIGN.match(body) or _HELP.match(body):
+            name = stripped[1:].split(None, 1)[0] if stripped.startswith("%") and stripped[1:].strip() else ""
+            if name in STATEMENT_LINE_MAGICS:
+                notes.append(("note.magics_unavailable", {"line": number, "magic": name}))
+            indent = line[: len(line) - len(stripped)]
+            out.append(indent + "pass  # " + body + end)
+            continued = indent if body.endswith("\\") else None
+        else:
+            out.append(line)
+    return "".join(out), notes
+
+
+def cell_code(cell: dict) -> tuple[str, list[tuple[str, dict]]]:
+    """The Python a code cell holds (see the module's docstring) and its notes."""
     src = cell.get("source", cell.get("input", ""))  # "input": nbformat 3
     if isinstance(src, list):
         if not all(isinstance(part, str) for part in src):
@@ -30,10 +161,11 @@ def cell_source(cell: dict) -> str:
         src = "".join(src)
     if not isinstance(src, str):
         raise ValueError("cell source is not text")
-    lines = src.splitlines(keepends=True)
-    if lines and lines[0].lstrip().startswith("%%"):
-        return ""  # a cell magic (%%bash, %%timeit ...) is not Python
-    return "".join(_strip_ipython(line) for line in lines)
+    return _cell(src)
+
+
+def cell_source(cell: dict) -> str:
+    return cell_code(cell)[0]
 
 
 def _cells(nb: dict) -> list | None:
@@ -47,7 +179,8 @@ def _cells(nb: dict) -> list | None:
 
 def _first_code_line(code: str) -> tuple[int, bool] | None:
     """(0-based line, indented?) of the first line that is neither blank nor a comment."""
-    for i, line in enumerate(code.splitlines()):
+    for i, line in enumerate(_lines(code)):
+        line = line.rstrip("\n")
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
             return i, line[:1] in (" ", "\t")
@@ -55,15 +188,12 @@ def _first_code_line(code: str) -> tuple[int, bool] | None:
 
 
 def _parses(code: str) -> bool:
-    try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+    return _parse(code) is not None
 
 
 def _code_lines(code: str) -> list[str]:
-    return [ln for ln in code.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    lines = (ln.rstrip("\n") for ln in _lines(code))
+    return [ln for ln in lines if ln.strip() and not ln.strip().startswith("#")]
 
 
 def _leaves_entry_open(code: str) -> bool:
@@ -94,28 +224,43 @@ def split_entry_line(chunks: list[str]) -> int | None:
     return None
 
 
-def code_from_notebook(text: str) -> tuple[str, None] | tuple[None, tuple[str, dict]]:
-    """(source, None) or (None, (problem key, params))."""
+def notebook_code(text: str) -> tuple[str, None, tuple] | tuple[None, tuple[str, dict], tuple]:
+    """(source, None, notes) or (None, (problem key, params), notes); notes are (key, params) each."""
     try:
         nb = json.loads(text)
     except (ValueError, RecursionError) as err:
         where = f"line {err.lineno}: {err.msg}" if isinstance(err, json.JSONDecodeError) else str(err)[:200]
-        return None, ("load.bad_notebook", {"error": where})
+        return None, ("load.bad_notebook", {"error": where}), ()
     cells = _cells(nb) if isinstance(nb, dict) else None
     if cells is None:
-        return None, ("load.bad_notebook", {"error": "no 'cells' list"})
-    chunks = []
+        return None, ("load.bad_notebook", {"error": "no 'cells' list"}), ()
+    chunks, notes, line, number = [], [], 1, 0
     try:
         for cell in cells:
             if isinstance(cell, dict) and cell.get("cell_type") == "code":
-                code = cell_source(cell)
+                number += 1
+                code, cell_notes = cell_code(cell)
+                for key, params in cell_notes:
+                    params = {**params, "cell": number}
+                    if "line" in params:
+                        params["line"] += line - 1
+                    notes.append((key, params))
                 if code.strip():
-                    chunks.append(code.rstrip("\n") + "\n")
-    except ValueError as err:
-        return None, ("load.bad_notebook", {"error": str(err)})
+                    chunk = code.rstrip("\n") + "\n"
+                    chunks.append(chunk)
+                    line += chunk.count("\n") + 1  # chunks are joined with one blank line between
+    except (ValueError, RecursionError, MemoryError) as err:
+        return None, ("load.bad_notebook", {"error": str(err)[:200]}), ()
+    notes_out = tuple(notes)
     if not chunks:
-        return None, ("load.no_code_cells", {})
-    line = split_entry_line(chunks)
-    if line is not None:
-        return None, ("load.split_entry", {"line": line})
-    return "\n".join(chunks), None
+        return None, ("load.no_code_cells", {}), notes_out
+    entry_line = split_entry_line(chunks)
+    if entry_line is not None:
+        return None, ("load.split_entry", {"line": entry_line}), notes_out
+    return "\n".join(chunks), None, notes_out
+
+
+def code_from_notebook(text: str) -> tuple[str, None] | tuple[None, tuple[str, dict]]:
+    """(source, None) or (None, (problem key, params)): notebook_code without its notes."""
+    source, problem, _ = notebook_code(text)
+    return source, problem

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..comm import API_NAMES, PRELOAD_WITH
 
@@ -347,14 +348,47 @@ def assigned_results(tree: ast.Module) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def parse_source(source: str, filename: str):
-    """(tree, None), or (None, problem) for source that does not parse: a syntax error, or an expression
-    too deep for the parser (the student's verdict, never the grader's failure)."""
-    from .load import Problem
+# ---------------------------------------------------------------------------------------------
+# Parsing: whatever the source holds, a problem for the student, never an exception for the grader.
+
+MAX_TREE_DEPTH = 200  # deeper trees break recursive consumers (copy.deepcopy, compile) before any check runs
+
+
+class Problem(NamedTuple):
+    """Why a submission cannot be graded: a message catalog key and its values (load.Problem is this)."""
+    key: str
+    params: dict
+
+
+def tree_depth(tree: ast.AST) -> int:
+    """Nesting depth of an AST, measured without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def parse_source(source: str, filename: str) -> tuple[ast.Module, None] | tuple[None, Problem]:
+    """`ast.parse`, with every way parsing can fail on a student's text turned into a Problem: syntax errors,
+    null bytes (ValueError), expressions nested too deep for the parser (RecursionError, MemoryError) or for
+    the steps after it (a tree deeper than MAX_TREE_DEPTH)."""
     try:
-        return ast.parse(source, filename), None
-    except (SyntaxError, ValueError) as err:
-        return None, Problem("static.syntax_error", {"line": getattr(err, "lineno", "?") or "?",
-                                                     "message": getattr(err, "msg", str(err))})
-    except (RecursionError, MemoryError) as err:
-        return None, Problem("static.syntax_error", {"line": "?", "message": type(err).__name__})
+        tree = ast.parse(source, filename)
+    except SyntaxError as err:
+        message = err.msg or str(err)
+        if "too many nested" in message or "too complex" in message:
+            return None, Problem("static.too_complex", {"line": err.lineno or "?", "message": message})
+        return None, Problem("static.syntax_error", {"line": err.lineno or "?", "message": message})
+    except ValueError as err:
+        return None, Problem("static.syntax_error", {"line": "?", "message": str(err)[:200]})
+    except RecursionError as err:
+        return None, Problem("static.too_complex", {"line": "?", "message": str(err)[:200]})
+    except MemoryError:
+        return None, Problem("static.parse_memory", {})
+    depth = tree_depth(tree)
+    if depth > MAX_TREE_DEPTH:
+        line = max((getattr(n, "lineno", 0) for n in ast.walk(tree)), default="?")
+        return None, Problem("static.too_complex", {"line": line, "message": f"nesting depth {depth} > {MAX_TREE_DEPTH}"})
+    return tree, None

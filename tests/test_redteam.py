@@ -1,0 +1,169 @@
+"""Red team of issue 10, sandbox half: what a rank can read, keep, or pass to another run.
+
+The fixtures (tests/fixtures/sandbox/escape.py, lock_signal.py, keyring_relay.py, read_checkout.py) are
+attacks that also answer honestly, so a sandbox that holds gives them full marks and their output (shown
+in the report) says what each attempt got. Without the sandbox (--no-sandbox) the same attacks succeed:
+test_lock_channel_is_real_without_the_sandbox keeps the tests honest. Batch and input red-team tests are
+in tests/test_discovery.py.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import threading
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+from grader.processes import sandbox, seccomp
+from grader.processes.runner import Runner, RunRequest
+
+SANDBOX = FIXTURES / "sandbox"
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uids per run need root (as_nobody covers the rest)")
+
+
+def output_lines(stdout: str, rank: int = 0) -> dict[str, str]:
+    """`key: value` lines of one rank's output in a text report."""
+    block = stdout.split(f"Output of rank {rank} ")[1].split("\n\n")[0]
+    lines = [line[4:] for line in block.splitlines()[1:] if line.startswith("  | ")]
+    return dict(line.split(": ", 1) for line in lines if ": " in line)
+
+
+# -- the filter itself (in-process, a forked child) ---------------------------------------------------
+def _in_child(fn) -> dict:
+    """Run fn() in a forked child after seccomp.install(); return what it reports (JSON over a pipe)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            seccomp.install()
+            os.write(write, json.dumps(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    data = b""
+    while chunk := os.read(read, 1 << 16):
+        data += chunk
+    os.close(read)
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def _errno_of(name: str, *args) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    ctypes.set_errno(0)
+    ret = libc.syscall(seccomp.syscall_number(name), *[ctypes.c_long(a) for a in args])
+    return 0 if ret >= 0 else ctypes.get_errno()
+
+
+@pytest.mark.skipif(not seccomp.supported(), reason="no filter for this architecture")
+def test_filter_checks_the_architecture_first_and_denies_what_the_issue_names():
+    code = seccomp.program()
+    assert len(code) % 8 == 0
+    first = [code[i:i + 8] for i in range(0, 24, 8)]
+    assert first[0][:2] == (0x20).to_bytes(2, "little") and int.from_bytes(first[0][4:], "little") == 4  # ld arch
+    required = {"ptrace", "keyctl", "add_key", "request_key", "mount", "umount2", "pivot_root", "chroot", "unshare",
+                "setns", "bpf", "perf_event_open", "kexec_load", "kexec_file_load", "init_module", "finit_module",
+                "delete_module", "process_vm_readv", "process_vm_writev", "flock"}
+    assert required <= set(seccomp.denied_calls())
+    assert "flock" not in seccomp.denied_calls(deny_locks=False)
+
+
+@pytest.mark.skipif(not seccomp.supported(), reason="no filter for this architecture")
+def test_filter_answers_eperm_and_leaves_threads_forks_and_plain_fcntl_alone():
+    def probe():
+        import fcntl
+        import subprocess
+        out = {name: _errno_of(name, *args) for name, args in [
+            ("ptrace", (16, 1, 0, 0)), ("keyctl", (0, -4, 0, 0)), ("unshare", (0x10000000,)), ("bpf", (0, 0, 0)),
+            ("perf_event_open", (0, 0, -1, -1, 0)), ("clone3", (0, 0)), ("clone", (0x10000000 | 17, 0, 0, 0, 0)),
+            ("mount", (0, 0, 0, 0, 0))]}
+        with open(__file__, "rb") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH)
+                out["flock"] = 0
+            except OSError as err:
+                out["flock"] = err.errno
+            out["getfl"] = fcntl.fcntl(f, fcntl.F_GETFL) >= 0
+        box = []
+        thread = threading.Thread(target=lambda: box.append(1))
+        thread.start()
+        thread.join()
+        out["thread"] = box == [1]
+        out["subprocess"] = subprocess.run(["true"]).returncode == 0
+        out["status"] = seccomp.status()
+        return out
+
+    got = _in_child(probe)
+    for name in ("ptrace", "keyctl", "unshare", "bpf", "perf_event_open", "clone", "mount", "flock"):
+        assert got[name] == errno.EPERM, (name, got)
+    assert got["clone3"] == errno.ENOSYS   # glibc then falls back to clone, whose flags the filter reads
+    assert got["getfl"] and got["thread"] and got["subprocess"]
+    assert got["status"] == {"NoNewPrivs": 1, "Seccomp": 2}
+
+
+# -- uids: a block per grader process, a new uid per run ----------------------------------------------
+def test_uid_blocks_are_claimed_per_process_and_never_shared():
+    block, held = sandbox.claim_uid_block(pid=12345)
+    try:
+        other, held2 = sandbox.claim_uid_block(pid=12345)   # same first choice: taken, so the next one
+        assert other != block
+        held2.close()
+        low, high = sandbox.uid_range(block)
+        assert high - low == sandbox.UID_BLOCK and sandbox.uid_range(sandbox.UID_BLOCKS - 1)[1] < 2 ** 32 - 1
+    finally:
+        held.close()
+
+
+@ROOT_ONLY
+@pytest.mark.timeout(60)
+def test_the_next_student_gets_a_new_uid_and_finds_no_key():
+    """Two students one after the other on one Runner (the same slot, as in a batch worker): the second
+    gets another uid, and the keyring, which no namespace covers, is closed to both."""
+    source = (SANDBOX / "keyring_relay.py").read_text()
+    with Runner() as runner:
+        first, second = (runner.run_many([RunRequest(world_size=2, source=source, filename="s.py")])[0]
+                         for _ in range(2))
+    lines = [run.ranks[0].output_text().strip() for run in (first, second)]
+    uids = [line.split(";")[0] for line in lines]
+    assert uids[0] != uids[1], lines
+    for line in lines:
+        assert "found previous: EPERM; left one: EPERM" in line, line
+
+
+# -- through the command line ----------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_escape_attempts_from_a_rank_all_fail():
+    proc = run_cli("check", str(SANDBOX / "escape.py"), "--lang", "en", "--tmp-mb", "16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = output_lines(proc.stdout)
+    for name in ("add_key", "keyctl", "unshare_user", "clone_newuser", "setns", "ptrace", "process_vm_readv", "mount",
+                 "chroot", "bpf", "perf_event_open", "kexec_load", "init_module", "inotify", "flock", "lockf"):
+        assert got[name] == "EPERM", (name, got[name])
+    assert got["status"] == "{'NoNewPrivs': '1', 'Seccomp': '2'}"
+    assert got["usr_nosuid"] == "True"                 # setuid binaries are inert, and NO_NEW_PRIVS is set
+    assert got["write_root"] == "EROFS" and got["write_torch"] in ("EROFS", "EACCES")
+    assert got["tmp"] == "stopped at 16 MiB: ENOSPC"   # the run's /tmp is a tmpfs of --tmp-mb MiB
+    assert got["abstract_socket"] == "ECONNREFUSED"    # the grader's abstract sockets are in another netns
+    assert len(json.loads(got["proc"])) == 3 and got["proc"].startswith("[1, ")  # init and two ranks: no one else
+    assert "own /tmp for each run (tmpfs, 16 MiB)" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_visible_run_learns_nothing_from_hidden_runs_through_locks(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(SANDBOX / "lock_signal.py"), "--results", str(results), "--lang", "en")
+    got = output_lines(proc.stdout)
+    assert got == {"flock": "EPERM", "hidden run seen": "no", "lockf": "EPERM"}, proc.stdout
+    assert json.loads(results.read_text())["score"] == 100
+
+
+@pytest.mark.timeout(60)
+def test_lock_channel_is_real_without_the_sandbox(tmp_path):
+    """The same attack with --no-sandbox: the visible run sees the hidden ones (what the issue measured)."""
+    proc = run_cli("grade", str(SANDBOX / "lock_signal.py"), "--results", str(tmp_path / "r.json"), "--lang", "en",
+                   "--no-sandbox")
+    assert output_lines(proc.stdout)["hidden run seen"] == "yes", proc.stdout
