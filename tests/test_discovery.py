@@ -21,6 +21,7 @@ import pytest
 from conftest import FIXTURES, ROOT, run_cli
 from grader.feedback.results import write_atomic
 from grader.integrations import batch
+from grader.exercise import registry
 from grader.submission import load, notebook, static
 
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
@@ -88,10 +89,10 @@ def test_results_names_are_safe_for_any_legal_name(tmp_path):
 def test_gradebook_cells_cannot_be_formulas_and_the_terminal_sees_escapes():
     rows = [(n, {"score": 0, "extra_data": {"grader_error": "x"}})
             for n in ("=cmd|' /C calc'!A0", "+1", "-1", "@SUM(A1)", "\tx", "\rx", "ok")]
-    parsed = list(csv.reader(io.StringIO(batch.gradebook(rows), newline="")))
+    parsed = list(csv.reader(io.StringIO(batch.gradebook(rows, registry.get("dist_primitives")), newline="")))
     assert sorted(row[0] for row in parsed[1:]) == sorted(["'=cmd|' /C calc'!A0", "'+1", "'-1", "'@SUM(A1)", "'\\tx",
                                                            "'\\rx", "ok"])
-    text = batch.summary([("mallory\nforged 100 pass\x1b[2K\u202e", {"score": 0})], "en")
+    text = batch.summary([("mallory\nforged 100 pass\x1b[2K\u202e", {"score": 0})], "en", registry.get("dist_primitives"))
     assert "\x1b" not in text and "\u202e" not in text and "mallory\\nforged" in text
     assert not any(line.startswith("forged") for line in text.splitlines())
 

@@ -377,11 +377,15 @@ class GraderProcessGroup(dist.ProcessGroup):
             future.add_done_callback(callback)
             return
 
+        device = next((t.device for t in private_out if t.is_cuda), None)
+
         def watcher():
             try:
+                if device is not None:           # the current device is per thread: this rank's GPU, not GPU 0
+                    torch.cuda.set_device(device)
                 inner.wait()
-                if any(t.is_cuda for t in private_out):
-                    torch.cuda.synchronize()
+                if device is not None:
+                    torch.cuda.synchronize(device)
                 finish()
             except BaseException as err:  # noqa: BLE001
                 finish(err)
