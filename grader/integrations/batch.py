@@ -441,7 +441,12 @@ def run(args) -> int:
         graded = grade_all(todo, args, out, progress) if todo else {}
         rows += sorted(graded.items())
         write_atomic(out / "grades.csv", gradebook(rows, args.exercise_spec))
+        from . import classreport   # the class report (issue 13): causes.csv, report.html, causes per check
+        report = classreport.build(rows, args.exercise_spec, args.lang)
+        causes_csv, report_html = classreport.write(out, report)
     sys.stdout.write(summary(rows, args.lang, args.exercise_spec))
+    sys.stdout.write(classreport.terminal(report))
+    print(render("classreport.written", {"html": report_html, "csv": causes_csv}, args.lang))
     print(render("batch.done", {"graded": len(graded), "reused": reused, "swept": swept,
                                 "seconds": time.monotonic() - started, "csv": out / "grades.csv"}, args.lang))
     return 0
