@@ -215,7 +215,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "classreport.cause_one": ("  {key}：1 名学生", "  {key}: 1 student"),
     "classreport.who": ("      学生：{names}", "      students: {names}"),
     "classreport.more": ("，另有 {count} 人（完整名单见 causes.csv）", ", and {count} more (all in causes.csv)"),
-    "classreport.more_causes": ("  另有 {count} 种原因（见 report.html）", "  {count} more causes (see report.html)"),
+    "classreport.more_causes": ("  其余原因：{count} 种（见 report.html）", "  further causes: {count} (see report.html)"),
     "classreport.other": ("其他（没有具体原因）", "other (no named cause)"),
     "classreport.written": ("班级报告：{html}；每名学生的原因：{csv}", "Class report: {html}; causes per student: {csv}"),
     "classreport.title": ("班级报告：{title}", "Class report: {title}"),
