@@ -147,6 +147,13 @@ def test_terminal_cuts_long_lists_and_speaks_chinese():
     assert "ws2.sum（求和（2 个进程））：通过 0/13（0%）" in zh and "13 名学生" in zh and "，另有 3 人" in zh
 
 
+def test_an_empty_class_and_odd_results_still_make_a_report():
+    empty = build([], TOY, "en")
+    assert "0/0 passed" in terminal(empty) and "No check failed." in page(empty)
+    odd = build([("x", {"score": "n/a", "extra_data": {"outcomes": {}, "causes": {"ws2.sum": 3}, "traffic": {}}})], TOY, "en")
+    assert odd.students[0].score == 0 and all(c.causes == {OTHER: ["x"]} for c in odd.checks)
+
+
 # -- report.html ------------------------------------------------------------------------------------
 def test_page_escapes_names_and_words():
     text = page(build(toy_class(), TOY, "en"))

@@ -221,7 +221,7 @@ def traffic_of(name: str, extra: dict) -> list[Traffic]:
     {"check": id, "world_size": N, "size": bytes of the tensor, "bound": bytes a ring lets one rank send,
      "sent": [bytes sent by each rank]}. Records that do not have this shape are left out."""
     out = []
-    for rec in extra.get("traffic") or []:
+    for rec in _list(extra.get("traffic")):
         try:
             sent = [int(b) for b in rec["sent"]]
             item = Traffic(name, str(rec["check"]), int(rec["world_size"]), int(rec["size"]), int(rec["bound"]), sent)
@@ -230,6 +230,14 @@ def traffic_of(name: str, extra: dict) -> list[Traffic]:
         if sent and item.bound > 0:
             out.append(item)
     return out
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 def build(rows: list[tuple[str, dict]], exercise, lang: str) -> ClassReport:
@@ -241,8 +249,8 @@ def build(rows: list[tuple[str, dict]], exercise, lang: str) -> ClassReport:
     students, causes, traffic = [], [], []
     for name, data in sorted(rows, key=lambda row: os.fsencode(row[0])):
         name = printable(name)
-        extra = data.get("extra_data") or {}
-        outcomes, recorded = extra.get("outcomes") or {}, extra.get("causes") or {}
+        extra = _dict(data.get("extra_data"))
+        outcomes, recorded = _dict(extra.get("outcomes")), _dict(extra.get("causes"))
         failed_grading = bool(extra.get("grader_error"))
         mine = []
         for check, spec in zip(checks, exercise.checks):
@@ -252,7 +260,7 @@ def build(rows: list[tuple[str, dict]], exercise, lang: str) -> ClassReport:
                 continue
             check.failed.append(name)
             found = ([(GRADER_FAILED, render(GRADER_FAILED, {}, lang))] if failed_grading
-                     else named_causes(recorded.get(spec.id) or [], outcome, lang))
+                     else named_causes(_list(recorded.get(spec.id)), outcome, lang))
             for key, text in found:
                 causes.append(Cause(name, spec.id, printable(key), text))
                 check.causes.setdefault(printable(key), []).append(name)
