@@ -1,7 +1,7 @@
 """Turn results into words, in one language: shared by the text report, results.json and nbgrader."""
 from __future__ import annotations
 
-from ..model import CheckResult, GradingResult, Note, Outcome, Words
+from ..model import CheckResult, GradingResult, Note, Outcome
 from .messages import CATALOG, placeholders, render
 
 HINTS = {

@@ -22,10 +22,8 @@ terminal have their control characters escaped.
 """
 from __future__ import annotations
 
-import csv
 import fcntl
 import hashlib
-import io
 import json
 import os
 import re
@@ -38,7 +36,6 @@ import sys
 import tempfile
 import time
 import traceback
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +45,8 @@ from ..feedback.messages import default_lang, render
 from ..feedback.results import failed_results, to_gradescope, write_atomic
 from ..model import CheckResult, GradingResult, Note, Outcome
 from ..processes.sandbox import default_total_mb
+from . import classreport
+from .gradebook import gradebook, number, printable, sorted_rows, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_ATTEMPTS = 2                 # a student whose worker dies is graded once more, in a fresh worker
@@ -63,19 +62,6 @@ class Student:
     attempts: int = 0
     errors: list[str] = field(default_factory=list)
     problem: tuple[str, dict] | None = None   # cannot be graded at all (a symbolic link ...): its row says why
-
-
-def printable(text: str) -> str:
-    """`text` for a terminal or a table: control, format and unassigned characters (newlines, ANSI escapes,
-    bidi overrides) and undecodable bytes are shown escaped."""
-    text = os.fsencode(text).decode("utf-8", "backslashreplace") if isinstance(text, str) else str(text)
-    out = []
-    for ch in text:
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
-            out.append(repr(ch)[1:-1] if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 SAFE_NAME = re.compile(r"[\w][\w.\-]*")
@@ -455,49 +441,7 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
     return results
 
 
-# -- gradebook and summary --------------------------------------------------------------------------
-def verdict(data: dict, exercise) -> str:
-    """The first failing outcome in rubric order, or "pass"."""
-    extra = data.get("extra_data") or {}
-    if extra.get("grader_error"):
-        return "grader_failed"
-    if isinstance(extra.get("problem"), str):  # could not be graded: why (too_large, symlink, too_deep ...)
-        return extra["problem"].split(".", 1)[-1]
-    outcomes = extra.get("outcomes") or {}
-    for spec in exercise.checks:
-        outcome = outcomes.get(spec.id, "missing")
-        if outcome != "pass":
-            return outcome
-    return "pass"
-
-
-def _num(x) -> str:
-    return f"{float(x):g}"
-
-
-def cell(value) -> str:
-    """A gradebook cell that a spreadsheet shows as text: never a formula (a leading = + - @ tab or CR gets a
-    quote before it, as OWASP advises), and on one line (control characters escaped, as on the terminal)."""
-    text = str(value)
-    return ("'" if text[:1] in ("=", "+", "-", "@", "\t", "\r") else "") + printable(text)
-
-
-def _sorted(rows: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
-    return sorted(rows, key=lambda row: os.fsencode(row[0]))
-
-
-def gradebook(rows: list[tuple[str, dict]], exercise) -> str:
-    """grades.csv: the same submissions give the same bytes (sorted by student, no times)."""
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["student", "total", *(c.id for c in exercise.checks), "verdict"])
-    for name, data in _sorted(rows):
-        scores = (data.get("extra_data") or {}).get("scores") or {}
-        writer.writerow([cell(name), _num(data.get("score", 0)), *(_num(scores.get(c.id, 0)) for c in exercise.checks),
-                         cell(verdict(data, exercise))])
-    return buf.getvalue()
-
-
+# -- summary ----------------------------------------------------------------------------------------
 def summary(rows: list[tuple[str, dict]], lang: str, exercise) -> str:
     total = exercise.total
     totals = [float(d.get("score", 0)) for _, d in rows]
@@ -505,7 +449,7 @@ def summary(rows: list[tuple[str, dict]], lang: str, exercise) -> str:
     for _, d in rows:
         verdicts[verdict(d, exercise)] = verdicts.get(verdict(d, exercise), 0) + 1
     lines = [f"{'student':<24} {'total':>6}  verdict"]
-    lines += [f"{printable(name):<24} {_num(d.get('score', 0)):>6}  {verdict(d, exercise)}" for name, d in _sorted(rows)]
+    lines += [f"{printable(name):<24} {number(d.get('score', 0)):>6}  {verdict(d, exercise)}" for name, d in sorted_rows(rows)]
     lines.append("")
     lines.append(render("batch.verdicts", {}, lang) + "  " + ", ".join(f"{v}: {n}" for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))))
     if totals:
@@ -617,7 +561,11 @@ def run(args) -> int:
                                                         args.lang, exercise)
             rows += list(graded.items())
             write_atomic(out / "grades.csv", gradebook(rows, exercise))
+            report = classreport.build(rows, exercise, args.lang)   # what the class got wrong (issue 13)
+            causes_csv, report_html = classreport.write(out, report)
     sys.stdout.write(summary(rows, args.lang, exercise))
+    sys.stdout.write(classreport.terminal(report))
+    print(render("classreport.written", {"html": report_html, "csv": causes_csv}, args.lang))
     print(render("batch.done", {"graded": len(graded), "reused": reused, "swept": swept,
                                 "seconds": time.monotonic() - started, "csv": out / "grades.csv"}, args.lang))
     return 0

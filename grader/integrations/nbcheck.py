@@ -36,7 +36,6 @@ from ..submission import load
 from ..submission import notebook
 
 from ..submission import static
-from ..exercise import registry
 from ..feedback.messages import LANGS, default_lang, render
 from ..model import CheckResult, GradingResult, Outcome
 from ..feedback.render import check_lines, checks_of, note, status, title

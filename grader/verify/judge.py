@@ -161,7 +161,7 @@ class Judge:
     def evaluate_value(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
         """One value check (a quantity at a world size), over every rank."""
         quantity = self.exercise.quantity(check.quantity)
-        ws, run = runs.world_size, runs.clean
+        run = runs.clean
         passed = Note("pass.value", {"quantity": quantity.name, "ops": _ops_text(quantity)})
         if run is None:  # skipped: the perturbed run proved every rank's value
             return CheckResult(check, Outcome.PASS, check.points, [passed])
