@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -57,7 +58,7 @@ def _grade(args, path: Path, include_hidden: bool):
 def cmd_check(args) -> int:
     lang = args.lang or default_lang()
     path = Path(args.submission)
-    if not path.exists():
+    if not _exists(path):
         print(f"no such file: {path}", file=sys.stderr)
         return EXIT_USAGE
     result = _grade(args, path, include_hidden=False)
@@ -71,7 +72,7 @@ def cmd_grade(args) -> int:
     lang = args.lang or default_lang()
     path = Path(args.submission)
     results_path = Path(args.results) if args.results else None
-    if not path.exists():
+    if not _exists(path):
         print(f"no such file or folder: {path}", file=sys.stderr)
         if results_path:
             write_atomic(results_path, json.dumps(failed_results(path.name, f"missing: {path}", lang), ensure_ascii=False))
@@ -97,6 +98,15 @@ def _unreadable(result) -> bool:
     is written."""
     return any(note.key in ("load.unreadable", "exercise.unknown", "exercise.ambiguous", "exercise.none",
                             "exercise.broken") for note in result.summary)
+
+
+def _exists(path: Path) -> bool:
+    """Whether the path names anything (a link included); a path too long for the system counts as
+    existing, so that loading it gives the student a message rather than this command a traceback."""
+    try:
+        return os.path.lexists(path)
+    except (OSError, ValueError):
+        return True
 
 
 def cmd_list(args) -> int:

@@ -116,3 +116,12 @@ def test_an_unknown_exercise_is_a_clear_usage_error(tmp_path):
     assert "There is no exercise called no_such. Exercises:" in proc.stdout
     assert json.loads(results.read_text())["score"] == 0
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_odd_returned_objects_and_huge_calls_never_break_the_grader():
+    """A list subclass whose __len__ and __iter__ raise is read by position; a 32 MiB collective before
+    the real work is more than the grader records of one call, and costs the student nothing."""
+    proc = run_cli("check", str(FIXTURES / "bad" / "odd_return.py"), "--lang", "en")
+    assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
+    assert "Autograder failed" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr

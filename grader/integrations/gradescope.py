@@ -38,7 +38,7 @@ python3 -m venv "$ROOT/venv"
 "$ROOT/venv/bin/python" -m pip install -q --index-url {index} torch=={torch} \\
     || "$ROOT/venv/bin/python" -m pip install -q torch=={torch}
 "$ROOT/venv/bin/python" -m pip install -q numpy
-"$ROOT/venv/bin/python" -m pip install -q --no-deps .
+"$ROOT/venv/bin/python" -m pip install -q .      # numpy, ipython (torch is there already)
 # warm-up: import torch once, so that the first submission does not pay for .pyc compilation
 "$ROOT/venv/bin/python" -c "import torch, torch.distributed, grader.cli"
 """
@@ -56,7 +56,7 @@ cd "$SOURCE" || cd "$ROOT"
 export PYTHONPATH="$SOURCE${{PYTHONPATH:+:$PYTHONPATH}}"
 status=0
 timeout -k 10 "${{GRADER_TOTAL_TIMEOUT:-900}}" "$PY" -m grader grade "$ROOT/submission" --results "$RESULTS" \\
-    --exercise {exercise} --lang "${{GRADER_LANG:-{lang}}}" --time-limit {time_limit} --memory-mb {memory_mb} \\
+    --exercise {exercise} --lang "${{GRADER_LANG:-{lang}}}" --time-limit {time_limit} --memory-mb {memory_mb} --tmp-mb {tmp_mb} \\
     --backend {backend} || status=$?
 if [ ! -s "$RESULTS" ]; then
     # The grader died before writing anything: a visible zero, never a missing file.
@@ -78,13 +78,14 @@ def _fallback_json(lang: str) -> str:
         ensure_ascii=False)
 
 
-def files(exercise, lang: str, time_limit: float, memory_mb: int, backend: str = "auto") -> dict[str, tuple[bytes, int]]:
+def files(exercise, lang: str, time_limit: float, memory_mb: int, backend: str = "auto",
+          tmp_mb: int = 64) -> dict[str, tuple[bytes, int]]:
     """Every file of the zip: name -> (bytes, unix mode). The grader, and the exercise's definition
     (never its solution)."""
     out = {
         "setup.sh": (SETUP_SH.format(index=TORCH_INDEX, torch=TORCH_VERSION).encode(), 0o755),
         "run_autograder": (RUN_AUTOGRADER.format(exercise=exercise.name, lang=lang, time_limit=time_limit,
-                                                 memory_mb=memory_mb, backend=backend,
+                                                 memory_mb=memory_mb, backend=backend, tmp_mb=tmp_mb,
                                                  fallback=_fallback_json(lang)).encode(), 0o755),
         "pyproject.toml": ((ROOT / "pyproject.toml").read_bytes(), 0o644),
     }
@@ -95,12 +96,12 @@ def files(exercise, lang: str, time_limit: float, memory_mb: int, backend: str =
 
 
 def build(out: Path, *, exercise, lang: str = "zh", time_limit: float = 15.0, memory_mb: int = 2048,
-          backend: str = "auto") -> Path:
+          backend: str = "auto", tmp_mb: int = 64) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, (data, mode) in sorted(files(exercise, lang, time_limit, memory_mb, backend).items()):
+        for name, (data, mode) in sorted(files(exercise, lang, time_limit, memory_mb, backend, tmp_mb).items()):
             info = zipfile.ZipInfo(name, FIXED_TIME)
             info.external_attr = (0o100000 | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -118,7 +119,7 @@ def run(args) -> int:
         print(render(err.key, err.params, lang), file=sys.stderr)
         return 2
     path = build(Path(args.out), exercise=exercise, lang=lang, time_limit=args.time_limit, memory_mb=args.memory_mb,
-                 backend=args.backend)
+                 backend=args.backend, tmp_mb=args.tmp_mb)
     print(f"wrote {path} (upload it as the autograder of a Gradescope programming assignment)", file=sys.stderr)
     return 0
 

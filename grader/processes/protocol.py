@@ -110,25 +110,26 @@ def describe(obj, budget: Budget) -> dict:
 
 def unpack_returned(returned, names: list[str]) -> dict | None:
     """The quantities in what the entry function returned, by name (a dict), by position (a tuple or a
-    list) or, for a single quantity, the value itself; None when it returned none of these shapes."""
+    list, namedtuples and other subclasses included) or, for a single quantity, the value itself; None
+    when it returned none of these shapes. Containers are read through the builtin types' own methods,
+    never a subclass's overrides (which may raise or lie)."""
     import torch
     if returned is None:
         return None
     kind = type(returned)
-    if kind is dict:
-        if any(n in returned for n in names):
-            return {n: returned[n] for n in names if n in returned}
-        return None
-    if kind in (tuple, list):
-        if len(returned) == len(names):
-            return dict(zip(names, returned))
+    if issubclass(kind, dict):
+        found = {n: dict.__getitem__(returned, n) for n in names if dict.__contains__(returned, n)}
+        return found or None
+    if issubclass(kind, (tuple, list)):
+        base = tuple if issubclass(kind, tuple) else list
+        items = [base.__getitem__(returned, i) for i in range(base.__len__(returned))]
+        if len(items) == len(names):
+            return dict(zip(names, items))
         if len(names) == 1:
             return {names[0]: returned}
         return None
     if len(names) == 1 and issubclass(kind, torch._C.TensorBase):
         return {names[0]: returned}
-    if len(names) > 1 and issubclass(kind, (tuple, list, dict)):  # a subclass: its own methods may lie
-        return {n: None for n in names}
     return None
 
 
