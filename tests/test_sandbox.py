@@ -324,6 +324,9 @@ def test_a_checkout_in_a_private_folder_under_tmp_grades_honest_code(tmp_path):
         assert (private.stat().st_mode & 0o777) == 0o700
         checkout = private / "checkout"
         shutil.copytree(ROOT / "grader", checkout / "grader", ignore=shutil.ignore_patterns("__pycache__"))
+        for definition in (ROOT / "solutions").glob("*/exercise.py"):     # the exercises, not their solutions
+            (checkout / definition.relative_to(ROOT)).parent.mkdir(parents=True)
+            shutil.copy(definition, checkout / definition.relative_to(ROOT))
         proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_library_import.py"), "--lang", "en",
                                "--time-limit", "30"],
                               cwd=checkout, capture_output=True, text=True, timeout=50,

@@ -136,11 +136,10 @@ def unpack_returned(returned, names: list[str]) -> dict | None:
 def make_store(spec: dict, world_size: int):
     """The run's rendezvous store, as the runner described it in the spec."""
     import torch.distributed as dist
-    store = spec["store"]  # {"kind": "tcp", "host", "port"}: rank 0 hosts it; {"kind": "file", "path"}
+    store = spec["store"]  # {"kind": "tcp", "host", "port"}: the run's pid 1 hosts it; {"kind": "file", "path"}
     if isinstance(store, dict) and store.get("kind") == "tcp":
         from datetime import timedelta
-        return dist.TCPStore(store["host"], store["port"], world_size, spec["rank"] == 0,
-                             timedelta(seconds=spec["timeout"]), wait_for_workers=False)
+        return dist.TCPStore(store["host"], store["port"], world_size, False, timedelta(seconds=spec["timeout"]))
     path = store["path"] if isinstance(store, dict) else store
     return dist.FileStore(path, world_size)
 

@@ -327,7 +327,7 @@ class Runner:
         os.chmod(workdir, 0o700)
         run = _Run(request, slot, workdir, self.limits, uid)
         cwd = "/tmp" if namespaces else str(workdir)
-        # The rendezvous store. In the run's own network namespace: a TCPStore that rank 0 hosts on loopback
+        # The rendezvous store. In the run's own network namespace: a TCPStore that the run's pid 1 hosts on loopback
         # (no file locks, so the seccomp filter can deny them; the port is free, the namespace is the run's).
         # Without one: a FileStore in the run's folder (no port, so no clash between runs).
         store = ({"kind": "tcp", "host": "127.0.0.1", "port": random.randrange(20000, 32000)} if namespaces

@@ -3,7 +3,8 @@
     python -m grader.processes.zygote FD      (started by runner.Runner; FD is a SOCK_SEQPACKET to the supervisor)
 
 Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
-milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang), and never
+milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang; a run's store is
+hosted by that run's pid 1, after its last fork), and never
 runs student code: that happens two forks below it, in the sandbox (see sandbox.py for the tree).
 
 Protocol: the supervisor sends one JSON request per run with the run's pipe ends attached (SCM_RIGHTS);
@@ -67,6 +68,21 @@ def _gpu_count() -> int:
     return int(data or b"0")
 
 
+def _host_store(req: dict):
+    """The run's TCP rendezvous store, hosted by pid 1, which runs no student code and outlives every rank:
+    a rank that exits at once can never cut another rank's store operation short (as a store hosted by
+    rank 0 could)."""
+    where = req["store"]
+    if where.get("kind") != "tcp":
+        return None
+    from datetime import timedelta
+    try:
+        return torch.distributed.TCPStore(where["host"], where["port"], req["world_size"], True,
+                                          timedelta(seconds=req["limits"]["wall_s"] + 5), wait_for_workers=False)
+    except BaseException:  # noqa: BLE001  (the ranks cannot connect and report it as a setup error)
+        return None
+
+
 def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: int) -> None:
     """pid 1 of the run's pid namespace: fork the ranks, report each one's end, exit when all have ended."""
     sandbox.set_parent_death_signal(signal.SIGKILL)
@@ -85,6 +101,7 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: in
     for fds in rank_fds:
         for fd in fds:
             os.close(fd)
+    store = _host_store(req)  # after the last fork: its server thread must never be copied into a child
     remaining = set(pids)
     while remaining:
         try:
