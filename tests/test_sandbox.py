@@ -257,7 +257,7 @@ def test_hostile_class_through_batch(tmp_path):
         "output_flood": ("output_limit", 5), "kill_parent": ("crash", 0), "os_exit": ("early_exit", 0),
         "sys_exit": ("early_exit", 0), "memory_hog": ("pass", 55), "memory_toucher": ("pass", 55),
         "c02_patch_comparisons": ("wrong", 10), "c03_tensor_subclass": ("bad_type", 10),
-        "c04_fake_output": ("bad_type", 10),
+        "c04_fake_output": ("missing", 10),   # returns (None, None)
     }
     snapshot = {}
     for student, (outcome, score) in expected.items():
