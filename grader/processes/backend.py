@@ -20,6 +20,7 @@ with torch-function and dispatch modes disabled, so a student's mode cannot inte
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -205,7 +206,6 @@ def _rebuild(value, fresh: list):
 def _student_frame() -> dict:
     """Where the student's code called from: the innermost frame of the submission, the public
     torch.distributed function it went through, and whether it asked for async_op."""
-    import sys
     frame = sys._getframe(2)
     api, async_op = None, None
     filename = getattr(_REPORTER, "filename", None)
