@@ -127,6 +127,8 @@ MISTAKES = [
     ("m21_cat_before_wait", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.read_before_wait", {"quantity": "full_feature", "op": "all_gather"})]),
     ("m22_gather_then_sum", 50, {"static.all_reduce": "not_called", **ids((2, 3, 4), "all_reduce", "not_collective")},
      [("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather"], "line": 10})]),
+    ("m23_all_gather_object", 55, ids((2, 3, 4), "all_gather", "not_collective"),
+     [("cause.object_collective", {"op": "all_gather_object"})]),
 ]
 BY_NAME = {m[0]: m for m in MISTAKES}
 # "hard-coded world size" is said only where the value follows a constant of the source

@@ -129,6 +129,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                                   "Cause: every rank is blocked in send. gloo does not buffer sends: a send completes only once the peer posts its receive, so if every rank sends before it receives, they all wait. Post the receive first (irecv), or alternate the order by rank parity."),
     "cause.async_no_wait": ("原因：{op} 用 async_op=True 发起后从没有调用 wait()，结果可能还没到。",
                             "Cause: {op} was started with async_op=True and never waited on, so its result may not have arrived."),
+    "cause.object_collective": ("原因：{op} 传送的是 pickle 序列化后的对象字节，不是张量本身：评分器无法确认数值来自通信。请直接对张量使用对应的集合通信。",
+                                "Cause: {op} sends pickled bytes of an object, not the tensor itself, so the grader cannot confirm the numbers came through the communication. Use the collective on the tensor directly."),
     "cause.other_op": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}（第 {line} 行）。",
                        "Cause: {quantity} must come through {ops}, but your code used {used} (line {line})."),
     "cause.rooted_op": ("原因：{op} 只把结果留在一个进程（root）上；要让每个进程都拿到结果，请用对应的 all_* 操作。",

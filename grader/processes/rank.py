@@ -124,7 +124,11 @@ class RankReporter(backend.Reporter):
         changed = {}
         for name, value in list(frame.f_locals.items()):
             if isinstance(value, _TB):
-                key = (id(value), getattr(value, "_version", 0))
+                try:
+                    version = value._version
+                except RuntimeError:   # an inference tensor keeps no version counter
+                    version = -1
+                key = (id(value), version)
                 if self.snapped.get(name) != key:
                     self.snapped[name] = key
                     changed[name] = protocol.describe(value, self.budget)

@@ -293,6 +293,9 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
         if call.error and "invalid output tensor list" in call.error:
             notes.append(Note("cause.gather_list_size", {"got": "?", "op": op_name(call)}))
             break
+    pickled = [c for c in record.calls if c.op in through and (c.api or "").endswith("_object")]
+    if pickled and len(pickled) == len([c for c in record.calls if c.op in through and c.sends]):
+        notes.append(Note("cause.object_collective", {"op": op_name(pickled[0])}))
     waiting = async_without_wait([c for c in record.calls if c.op in through])
     if waiting is not None and (record.result or {}).get("how") == "return":
         notes.append(Note("cause.async_no_wait", {"op": op_name(waiting)}))
