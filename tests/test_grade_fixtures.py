@@ -197,6 +197,8 @@ CHEATS = {
     "c13_one_rank_for_all": "not_collective",
     "c14_racing_thread": "not_collective",
     "c15_torch_function_mode": "wrong",                     # the grader's reads ignore the student's mode
+    # switches the perturbation off inside its rank: what was delivered no longer matches what was sent
+    "c16_disable_the_perturbation": "not_collective",
 }
 
 

@@ -252,3 +252,14 @@ def test_a_rank_missing_from_a_sum_is_named():
     total = ramp(0, ws) + sim.send_recv(1, 0, ramp(1, ws))     # rank 2's data never arrives
     weights = prove(sim, RING, [total, total, total])[0].finding
     assert weights.key == "weights" and weights.params["missing"] == [2]
+
+
+def test_delivered_data_that_lacks_the_deltas_is_refused():
+    """A rank that switched the perturbation off (or an operation paired with the wrong one) delivers
+    data that is not what the senders sent plus the supervisor's deltas."""
+    sim = Sim(2)
+    sim.all_reduce([gradient(r, 2) for r in range(2)])
+    for rec in sim.records:                      # what arrived: the plain sum, no deltas
+        rec.calls[0].delivered = [desc(np.full(N, 3.0))]
+    proofs = prove(sim, MEAN, [np.full(N, 1.5)] * 2)
+    assert {p.finding.key for p in proofs} == {"inconsistent"}

@@ -151,6 +151,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                          "  Rank {rank} sent {sent} in its operation #{n}, {op} (line {line}), instead of its own data {own}."),
     "why.weights": ("  进程 {rank} 的 {quantity} 第 {element} 个元素里，进程 {source} 的数据占的比例是 {weight:g}，应为 {expected:g}（缺少的进程：{missing}；重复计入的进程：{twice}）。",
                     "  In element {element} of {quantity} on rank {rank}, rank {source}'s data counts {weight:g} times where it should count {expected:g} (ranks missing: {missing}; counted twice: {twice})."),
+    "why.inconsistent": ("  进程 {rank} 第 {n} 个通信操作 {op}（第 {line} 行）收到的数据与各进程发送的数据对不上（与另一个操作错配了？）。",
+                         "  What rank {rank} received in its operation #{n}, {op} (line {line}), does not match what the ranks sent (paired with another operation?)."),
     "why.nonlinear": ("  {op} 用的是 ReduceOp.{reduce}，得到的不是各进程数据之和。", "  {op} used ReduceOp.{reduce}, which does not add the ranks' data."),
     "why.unmatched": ("  进程 {rank} 收到的数据找不到对应的发送。", "  Data rank {rank} received matches no send."),
     "why.incomplete": ("  不是所有进程都参加了 {op}。", "  Not every rank took part in {op}."),

@@ -110,6 +110,18 @@ class RunView:
                 return True
         return False
 
+    def deltas(self, call: Call) -> np.ndarray | None:
+        """The deltas the backend added to what `call` sent (its inputs, flattened and concatenated), from
+        the supervisor's seed; None when nothing was perturbed."""
+        if call.seed is None:
+            return None
+        parts = []
+        for k, desc in enumerate(call.inputs or []):
+            numel, dtype = int(desc.get("numel") or 0), str(desc.get("dtype"))
+            values = perturb.delta_values(call.seed + k, numel, dtype) if perturb.perturbable(dtype, numel) else None
+            parts.append(values if values is not None else np.zeros(numel))
+        return np.concatenate(parts) if parts else np.zeros(0)
+
     def sources(self, call: Call, out_index: int, positions: np.ndarray) -> list[Term] | str:
         """What delivered elements `positions` of output `out_index` of `call` are made of, or a reason
         (a catalog key suffix) why they are not a linear function of what ranks sent."""

@@ -315,12 +315,24 @@ class Tracer:
         if isinstance(terms, str):
             return Finding(terms, {"rank": call.rank, "op": call.op, "line": call.line, "reduce": call.reduce})
         W = np.zeros((self.ws, positions.size))
+        delivered = call.delivered_values()[k]
+        expected = np.zeros(positions.size)
         for term in terms:
             mask = term.sent_positions >= 0
             sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
             pos = term.sent_positions[mask]
             if pos.size and pos.max() >= sent.size:
                 return Finding("unobserved", {"rank": term.rank, "op": term.call.op})
+            deltas = self.view.deltas(term.call)
+            expected[mask] += term.weight * (sent[pos] + (deltas[pos] if deltas is not None else 0))
+        # What was delivered is what the senders sent plus the deltas only the supervisor knows: anything
+        # else is an operation paired with the wrong one, or a rank that tampered with the grader.
+        if delivered is None or not np.all(self._close(delivered[positions], expected)):
+            return Finding("inconsistent", {"rank": call.rank, "op": call.op, "line": call.line, "n": call.seq + 1})
+        for term in terms:
+            mask = term.sent_positions >= 0
+            sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
+            pos = term.sent_positions[mask]
             sub = self._explain(term.rank, sent[pos], I[mask], depth + 1, term.call.entered_at)
             if isinstance(sub, Finding):
                 if sub.key == "not_delivered" and depth + 1 > 0:
