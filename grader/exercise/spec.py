@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-COMBINES = ("mean", "sum", "concat", "root", "custom")
+COMBINES = ("mean", "sum", "concat", "root", "own", "custom")
 
 
 class Alternatives(tuple):
@@ -39,7 +39,9 @@ class Quantity:
     local(rank, ws)    that rank's own data for this quantity (what it must contribute)
     combine            how every rank's data make the expected value on each rank:
                        "mean" / "sum" (elementwise over ranks), "concat" (in rank order),
-                       "root" (rank `root`'s data everywhere), "custom" (`expected` alone says)
+                       "root" (rank `root`'s data everywhere), "own" (each rank's own data: a state
+                       it computes from what it received, with `local(rank, ws, ctx)`),
+                       "custom" (`expected` alone says)
     through            operations (comm.OPS names) the value must have come through; () for none
     expected(rank, ws) overrides the value `combine` implies (needed for "custom")
     shape(ws)          the expected shape (default: a vector of the expected length)
@@ -63,6 +65,8 @@ class Quantity:
             raise ValueError(f"{self.name}: combine={self.combine!r} needs local(rank, ws)")
         if self.combine == "custom" and self.expected is None:
             raise ValueError(f"{self.name}: combine='custom' needs expected(rank, ws)")
+        if self.combine == "own" and self.provenance and not self.uses_context:
+            raise ValueError(f"{self.name}: combine='own' with provenance needs local(rank, ws, ctx)")
 
     @property
     def uses_context(self) -> bool:
@@ -95,7 +99,7 @@ class Quantity:
             return np.sum(locals_, axis=0)
         if self.combine == "concat":
             return np.concatenate(locals_)
-        return locals_[self.root]
+        return locals_[rank if self.combine == "own" else self.root]
 
     def expected_shape(self, ws: int) -> list[int]:
         if self.shape is not None:
