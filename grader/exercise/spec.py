@@ -11,10 +11,12 @@ which defines `EXERCISE = Exercise(...)`:
                      world size (right, and derived from what the communication delivered), the
                      operations used, or the traffic of point-to-point exchanges; points, visibility
     forbidden        operations the exercise does not allow (statically and at run time)
-    messages         the exercise's own words (zh, en): titles, causes, hints
+    messages         the exercise's own words (zh, en): titles, causes, hints; `cause.forbidden_<op>` says
+                     why it does not allow <op> (shown where that op was used)
 
 Values are plain Python or numpy (the supervisor never imports torch). Functions of (rank, world_size)
-describe data; `diagnose` may add the exercise's own causes for a wrong value.
+describe data; `diagnose` may add the exercise's own causes for a rank that failed a check (a wrong
+value, an exception, right numbers that did not come through the communication).
 """
 from __future__ import annotations
 
@@ -146,7 +148,8 @@ class Exercise:
     forbidden: tuple[str, ...] = ()        # operations not allowed (statically and at run time)
     messages: dict = field(default_factory=dict)   # key -> (zh, en): the exercise's own words
     todo: tuple[str, str] = ("", "")       # what the stub's NotImplementedError asks for (zh, en)
-    diagnose: Callable | None = None       # (quantity, value, ws, rank, context) -> [(key, params)]
+    diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
+    #                                        context: calls, value, outcome, error (verify/diagnose.exercise_causes)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
     folder: str = ""                       # where the exercise was loaded from (set by the registry)
 

@@ -197,6 +197,7 @@ class Judge:
         failure = diagnose.rank_failure(run, record)
         notes: list[Note] = []
         details: list[Note] = []
+        explained = False    # the value's causes (the exercise's included) are in notes
         label = {"rank": record.rank, "quantity": quantity.name}
         if outcome is Outcome.MISSING:
             if failure is not None:
@@ -217,6 +218,7 @@ class Judge:
                 if detail in ("detail.values", "detail.shape", "detail.dtype"):
                     notes.extend(diagnose.value_causes(quantity, value, ws, record.rank, record, others,
                                                        self.source, self.exercise))
+                    explained = True
                 if detail == "detail.values" and quantity.provenance:
                     notes.extend(self._weights(runs, quantity, record.rank))
                 notes.append(Note(detail, label))
@@ -236,6 +238,8 @@ class Judge:
                 notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
         if outcome is not Outcome.PASS:
             notes.extend(diagnose.call_causes(quantity, ws, record))
+            if not explained:
+                notes.extend(diagnose.exercise_causes(self.exercise, quantity, value, ws, record, outcome))
         return record.rank, outcome, notes, details
 
     def _weights(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> list[Note]:
@@ -262,6 +266,7 @@ class Judge:
             if used is not None:
                 notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
                                                         "line": used.line or "?"}))
+                notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         for op in sorted(wanted):
