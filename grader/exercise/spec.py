@@ -150,6 +150,8 @@ class Exercise:
     todo: tuple[str, str] = ("", "")       # what the stub's NotImplementedError asks for (zh, en)
     diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
     #                                        context: calls, value, outcome, error (verify/diagnose.exercise_causes)
+    teach: Callable | None = None          # (run, ctx) -> [(key, params)]: the exercise's own lines in the
+    #                                        report's communication section (feedback/teach.exercise_notes)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
     folder: str = ""                       # where the exercise was loaded from (set by the registry)
 
