@@ -31,7 +31,10 @@ COMBINES = ("mean", "sum", "concat", "root", "own", "custom")
 
 class Alternatives(tuple):
     """What `Quantity.local` returns when a rank's own data may be any of several arrays (two honest
-    ways to compute it)."""
+    ways to compute it): Alternatives(a, b)."""
+
+    def __new__(cls, *options):
+        return super().__new__(cls, options)
 
 
 @dataclass(frozen=True)
