@@ -300,6 +300,8 @@ def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
     if finding.key == "contribution":
         params["sent"] = diagnose.preview(finding.params.get("sent"))
         params["own"] = diagnose.preview(finding.params.get("own"))
+        if quantity.uses_context:   # its own data is what it computes from what it received: no fixed values
+            return [Note("why.contribution_derived", params)]
     if finding.key == "weights":
         params["missing"] = [str(s) for s in finding.params.get("missing") or []] or ["-"]
         params["twice"] = [str(s) for s in finding.params.get("twice") or []] or ["-"]

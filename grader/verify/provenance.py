@@ -227,7 +227,7 @@ class Tracer:
             # (a) the rank's own data, possibly scaled (divided by N before a sum, say); at the top only
             # for a state the rank computes from what it received ("own": its local(ctx) carries the deltas)
             if depth > 0 or (self.quantity.combine == "own" and self.quantity.uses_context):
-                for c in (1.0, 1.0 / self.ws, float(self.ws)):
+                for c in (1.0, 1.0 / self.ws, float(self.ws)) if depth > 0 else (1.0,):
                     L = self._leaf_run(rank, x, I, t, c)
                     if L and (best is None or L > best[0]):
                         best = (L, "local", c)
