@@ -274,21 +274,21 @@ MESSAGES = {
         "Cause: every rank keeps the whole optimizer state (a momentum as long as all the parameters): this is DDP, not ZeRO. "
         "Each rank keeps the momentum of its own shard only (ceil(P / world_size) elements)."),
     "cause.padding": (
-        "原因：参数个数不是 world_size 的整数倍时，要先用 0 把梯度和参数补齐到 shard * world_size 个元素"
+        "原因：参数个数不是 world_size 的整数倍时，要先用零把梯度和参数补齐到 shard * world_size 个元素"
         "（shard = ceil(P / world_size)），最后再去掉补齐的部分；否则 reduce_scatter_tensor / all_gather_into_tensor 的大小对不上，"
         "或者最后几个参数没有更新。",
         "Cause: when the number of parameters is not a multiple of world_size, pad the gradient and the parameters with zeros "
         "to shard * world_size elements (shard = ceil(P / world_size)) and drop the padding at the end; otherwise the sizes "
         "of reduce_scatter_tensor / all_gather_into_tensor do not match, or the last parameters are never updated."),
     "cause.padding_kept": (
-        "原因：params 还带着补齐的 0：all_gather 之后请只保留前 P 个元素。",
+        "原因：params 还带着补齐的零：all_gather 之后请只保留前 P 个元素。",
         "Cause: params still holds the zero padding: keep only the first P elements after the all_gather."),
     "cause.not_divided": (
         "原因：reduce_scatter（SUM）得到的是各进程梯度之和，没有除以 world_size（或改用 ReduceOp.AVG）。",
         "Cause: reduce_scatter (SUM) delivers the sum of the ranks' gradients, and it was not divided by world_size "
         "(or use ReduceOp.AVG)."),
     "cause.momentum_reset": (
-        "原因：动量每一步都从 0 重新开始了：动量缓冲区要在两步之间保留（momentum = MOMENTUM * momentum + grad）。",
+        "原因：动量每一步都从零重新开始了：动量缓冲区要在两步之间保留（momentum = MOMENTUM * momentum + grad）。",
         "Cause: the momentum restarted from zero at every step: keep the momentum buffer across the steps "
         "(momentum = MOMENTUM * momentum + grad)."),
     "cause.wrong_shard": (
