@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from conftest import FIXTURES, ROOT, run_cli
@@ -238,6 +239,43 @@ def test_teach_lines_are_the_chapters_numbers():
     assert lines[4] == ("  rank 1: holds 258 momentum elements (optimizer state) where an unsharded optimizer holds 1030: "
                         "about 1/4.")
     assert render(notes[4].key, notes[4].params, "zh") == "  进程 1：保存 258 个动量元素（优化器状态），不分片时是 1030 个：约 1/4。"
+
+
+# -- the exercise's own diagnosis, on synthetic values (no processes) --------------------------------
+
+def _diagnose(quantity: str, values, ws: int, rank: int = 1, outcome: str = "wrong") -> list[str]:
+    from grader.verify.observe import Value
+    value = Value("tensor", True, "Tensor", "torch.float32", [int(np.asarray(values).size)], np.asarray(values, float))
+    return [key for key, _ in EXERCISE.diagnose(quantity, value.data, ws, rank,
+                                                {"calls": [], "value": value, "outcome": outcome, "error": None})]
+
+
+def test_diagnosis_names_each_mistake_from_the_values_alone():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("zero_exercise", ROOT / "solutions" / EX / "exercise.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    for ws in WS:
+        s = ex.shard_size(ws)
+        mine = slice(s, 2 * s)
+        right_params, right_momentum = ex.simulate(ws)[0], ex.simulate(ws)[1][mine]
+        assert _diagnose("params", right_params, ws, outcome="not_collective") == []
+        assert _diagnose("params", ex.simulate(ws, divide=False)[0], ws) == ["cause.not_divided"]
+        assert _diagnose("momentum", ex.simulate(ws, divide=False)[1][mine], ws) == ["cause.not_divided"]
+        assert _diagnose("params", ex.simulate(ws, carry=False)[0], ws) == ["cause.momentum_reset"]
+        assert _diagnose("params", ex.simulate(ws, own_gradient=True)[0], ws) == ["cause.local_update"]
+        for base in ("first", "next", "previous"):
+            assert _diagnose("params", ex.simulate(ws, base=base)[0], ws) == ["cause.wrong_shard"]
+        assert _diagnose("momentum", np.zeros(1030), ws) == ["cause.full_momentum"]
+        if 1030 % ws:
+            assert _diagnose("momentum", np.zeros(1030 // ws), ws) == ["cause.padding"]
+            assert _diagnose("params", np.zeros(s * ws), ws) == ["cause.padding_kept"]
+            stale_tail = right_params.copy()
+            stale_tail[-1] += 1.0
+            assert _diagnose("params", stale_tail, ws) == ["cause.padding"]
+        garbage = ex.simulate(ws)[1][(ws - 1) * s:].copy()   # the last rank's shard holds the padding
+        garbage[-1] = 7.0
+        assert _diagnose("momentum", garbage, ws, rank=ws - 1) == (["cause.padding_not_zero"] if 1030 % ws else [])
 
 
 # -- the first exercise pays nothing for this one ------------------------------------------------------

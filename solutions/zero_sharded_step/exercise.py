@@ -103,11 +103,12 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 
 
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
-def _fed_scale(q: int, k: int, ws: int, ctx) -> float | None:
+def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool) -> float | None:
     """What rank q fed its k-th reduce-scatter: its own padded gradient of step k+1 (1.0), that gradient
-    divided by N (1/N), or anything else (None)."""
+    divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too (it lands
+    in the last rank's momentum; the parameters drop it)."""
     sent = ctx.sent(q, "reduce_scatter")
-    if len(sent) <= k or sent[k].size != shard_size(ws) * ws or np.any(sent[k][P:] != 0):
+    if len(sent) <= k or sent[k].size != shard_size(ws) * ws or (zero_padding and np.any(sent[k][P:] != 0)):
         return None
     own = local_gradient(q, k + 1)
     for scale in (1.0, 1.0 / ws):
@@ -116,7 +117,7 @@ def _fed_scale(q: int, k: int, ws: int, ctx) -> float | None:
     return None
 
 
-def _momentum_steps(rank: int, ws: int, ctx) -> list[np.ndarray] | None:
+def _momentum_steps(rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
     """The rank's momentum shard after each step, from the gradient shards the reduce-scatter delivered
     to it; None unless every rank fed every reduce-scatter its own gradient."""
     delivered = ctx.delivered(rank, "reduce_scatter")
@@ -125,7 +126,7 @@ def _momentum_steps(rank: int, ws: int, ctx) -> list[np.ndarray] | None:
         return None
     momentum, out = np.zeros(shard_size(ws)), []
     for k in range(STEPS):
-        scales = {_fed_scale(q, k, ws, ctx) for q in range(ws)}
+        scales = {_fed_scale(q, k, ws, ctx, zero_padding) for q in range(ws)}
         if len(scales) != 1 or None in scales:
             return None
         fed = scales.pop()
@@ -141,14 +142,14 @@ def _momentum_steps(rank: int, ws: int, ctx) -> list[np.ndarray] | None:
 
 
 def _own_momentum(rank: int, ws: int, ctx) -> np.ndarray:
-    steps = _momentum_steps(rank, ws, ctx)
+    steps = _momentum_steps(rank, ws, ctx, zero_padding=True)
     return steps[-1] if steps is not None else np.full(shard_size(ws), np.nan)
 
 
 def _own_shard(rank: int, ws: int, ctx):
     """The parameter shard the rank must have fed the last all-gather: updated from its own copy of its
     shard, or from its slice of the parameters the first all-gather delivered (both honest)."""
-    steps = _momentum_steps(rank, ws, ctx)
+    steps = _momentum_steps(rank, ws, ctx, zero_padding=False)
     s, real = shard_size(ws), _real(rank, ws)
     if steps is None:
         return np.full(real, np.nan)
@@ -212,6 +213,8 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
             out.append(("cause.full_momentum", {}))
         elif P % ws and shape == [P // ws]:
             out.append(("cause.padding", {}))
+        elif values.size == s and _close(values[:_real(rank, ws)], simulate(ws)[1][mine][:_real(rank, ws)]):
+            out.append(("cause.padding_not_zero", {}))
         elif _close(values, simulate(ws, divide=False)[1][mine]):
             out.append(("cause.not_divided", {}))
         elif _close(values, simulate(ws, carry=False)[1][mine]):
@@ -280,6 +283,10 @@ MESSAGES = {
         "Cause: when the number of parameters is not a multiple of world_size, pad the gradient and the parameters with zeros "
         "to shard * world_size elements (shard = ceil(P / world_size)) and drop the padding at the end; otherwise the sizes "
         "of reduce_scatter_tensor / all_gather_into_tensor do not match, or the last parameters are never updated."),
+    "cause.padding_not_zero": (
+        "原因：动量分片里补齐的部分不是零：请用 torch.zeros（不要用 torch.empty）补齐梯度，补齐部分的动量才会保持为零。",
+        "Cause: the padding of the momentum shard is not zero: pad the gradient with torch.zeros (not torch.empty), so "
+        "that the padding's momentum stays zero."),
     "cause.padding_kept": (
         "原因：params 还带着补齐的零：all_gather 之后请只保留前 P 个元素。",
         "Cause: params still holds the zero padding: keep only the first P elements after the all_gather."),
