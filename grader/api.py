@@ -17,7 +17,7 @@ from .submission import load as loader
 from .submission import static
 from .verify import score
 from .verify.judge import Judge, WorldSizeRuns
-from .feedback.teach import teaching_notes
+from .feedback.teach import exercise_notes, teaching_notes
 
 
 def choose_exercise(submission: loader.Submission, name: str | None, extra: list[str] | None = None) -> Exercise:
@@ -99,7 +99,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
     if visible and visible[0] in runs:
         ws_runs = runs[visible[0]]
         shown = ws_runs.clean or ws_runs.perturbed[0]  # timings and volumes: either run will do
-        result.teaching = teaching_notes(shown)
+        result.teaching = teaching_notes(shown) + exercise_notes(exercise, shown)
         if ws_runs.clean is not None:
             result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in ws_runs.clean.ranks
                               if rec.output_total]

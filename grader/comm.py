@@ -160,10 +160,13 @@ API_NAMES: dict[str, str] = {
 # Methods of a process group object (`group.allreduce(...)`) are reached as well.
 METHOD_SUFFIXES: dict[str, str] = {name: m.op for name, m in METHODS.items()}
 
-# Modules whose first use imports much more (functional collectives and torch.compile go through
-# torch._dynamo, ~800 modules): the zygote imports these too before forking ranks that name them.
+# Modules whose first use imports much more (functional collectives, torch.compile, an optimizer's
+# first step() and DDP's first forward go through torch._dynamo, ~800 modules): the zygote imports these
+# too before forking ranks that name them.
 PRELOAD_WITH = {
     "torch.distributed._functional_collectives": ("torch._dynamo",),
+    "torch.optim": ("torch._dynamo",),
+    "torch.nn.parallel": ("torch._dynamo",),
     "torch.compile": ("torch._dynamo",),
     "torch.distributed.tensor": ("torch._dynamo",),
 }

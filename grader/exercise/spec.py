@@ -11,10 +11,12 @@ which defines `EXERCISE = Exercise(...)`:
                      world size (right, and derived from what the communication delivered), the
                      operations used, or the traffic of point-to-point exchanges; points, visibility
     forbidden        operations the exercise does not allow (statically and at run time)
-    messages         the exercise's own words (zh, en): titles, causes, hints
+    messages         the exercise's own words (zh, en): titles, causes, hints; `cause.forbidden_<op>` says
+                     why it does not allow <op> (shown where that op was used)
 
 Values are plain Python or numpy (the supervisor never imports torch). Functions of (rank, world_size)
-describe data; `diagnose` may add the exercise's own causes for a wrong value.
+describe data; `diagnose` may add the exercise's own causes for a rank that failed a check (a wrong
+value, an exception, right numbers that did not come through the communication).
 """
 from __future__ import annotations
 
@@ -24,12 +26,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-COMBINES = ("mean", "sum", "concat", "root", "custom")
+COMBINES = ("mean", "sum", "concat", "root", "own", "custom")
 
 
 class Alternatives(tuple):
     """What `Quantity.local` returns when a rank's own data may be any of several arrays (two honest
-    ways to compute it)."""
+    ways to compute it): Alternatives(a, b)."""
+
+    def __new__(cls, *options):
+        return super().__new__(cls, options)
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,9 @@ class Quantity:
     local(rank, ws)    that rank's own data for this quantity (what it must contribute)
     combine            how every rank's data make the expected value on each rank:
                        "mean" / "sum" (elementwise over ranks), "concat" (in rank order),
-                       "root" (rank `root`'s data everywhere), "custom" (`expected` alone says)
+                       "root" (rank `root`'s data everywhere), "own" (each rank's own data: a state
+                       it computes from what it received, with `local(rank, ws, ctx)`),
+                       "custom" (`expected` alone says)
     through            operations (comm.OPS names) the value must have come through; () for none
     expected(rank, ws) overrides the value `combine` implies (needed for "custom")
     shape(ws)          the expected shape (default: a vector of the expected length)
@@ -63,6 +70,8 @@ class Quantity:
             raise ValueError(f"{self.name}: combine={self.combine!r} needs local(rank, ws)")
         if self.combine == "custom" and self.expected is None:
             raise ValueError(f"{self.name}: combine='custom' needs expected(rank, ws)")
+        if self.combine == "own" and self.provenance and not self.uses_context:
+            raise ValueError(f"{self.name}: combine='own' with provenance needs local(rank, ws, ctx)")
 
     @property
     def uses_context(self) -> bool:
@@ -95,7 +104,7 @@ class Quantity:
             return np.sum(locals_, axis=0)
         if self.combine == "concat":
             return np.concatenate(locals_)
-        return locals_[self.root]
+        return locals_[rank if self.combine == "own" else self.root]
 
     def expected_shape(self, ws: int) -> list[int]:
         if self.shape is not None:
@@ -142,7 +151,10 @@ class Exercise:
     forbidden: tuple[str, ...] = ()        # operations not allowed (statically and at run time)
     messages: dict = field(default_factory=dict)   # key -> (zh, en): the exercise's own words
     todo: tuple[str, str] = ("", "")       # what the stub's NotImplementedError asks for (zh, en)
-    diagnose: Callable | None = None       # (quantity, value, ws, rank, context) -> [(key, params)]
+    diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
+    #                                        context: calls, value, outcome, error (verify/diagnose.exercise_causes)
+    teach: Callable | None = None          # (run, ctx) -> [(key, params)]: the exercise's own lines in the
+    #                                        report's communication section (feedback/teach.exercise_notes)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
     folder: str = ""                       # where the exercise was loaded from (set by the registry)
 

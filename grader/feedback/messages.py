@@ -149,6 +149,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                           "  Element {element} of {quantity} on rank {rank} ({value:g}) was not derived from anything the communication delivered."),
     "why.contribution": ("  进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）中发送的是 {sent}，而不是它自己的数据 {own}。",
                          "  Rank {rank} sent {sent} in its operation #{n}, {op} (line {line}), instead of its own data {own}."),
+    "why.contribution_derived": ("  进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）中发送的是 {sent}，不是它用通信传来的数据算出的结果。",
+                                 "  Rank {rank} sent {sent} in its operation #{n}, {op} (line {line}), which is not what it computes from the data the communication delivered to it."),
     "why.weights": ("  进程 {rank} 的 {quantity} 第 {element} 个元素里，进程 {source} 的数据占的比例是 {weight:g}，应为 {expected:g}（缺少的进程：{missing}；重复计入的进程：{twice}）。",
                     "  In element {element} of {quantity} on rank {rank}, rank {source}'s data counts {weight:g} times where it should count {expected:g} (ranks missing: {missing}; counted twice: {twice})."),
     "why.inconsistent": ("  进程 {rank} 第 {n} 个通信操作 {op}（第 {line} 行）收到的数据与各进程发送的数据对不上（与另一个操作错配了？）。",

@@ -54,6 +54,19 @@ def teaching_notes(run: RunOutcome) -> list[Note]:
     return notes if len(notes) > 1 else []
 
 
+def exercise_notes(exercise, run: RunOutcome) -> list[Note]:
+    """The exercise's own lines about this run (`Exercise.teach(run, ctx)`, ctx a verify.observe.RunContext),
+    its keys under its name. An exercise's teaching never breaks grading."""
+    if exercise.teach is None:
+        return []
+    from ..verify.observe import RunContext, RunView
+    try:
+        extra = exercise.teach(run, RunContext(RunView(run))) or []
+    except Exception:  # noqa: BLE001
+        return []
+    return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]
+
+
 def _peers(calls) -> list[str]:
     peers = sorted({c.peer if c.peer is not None else c.source for c in calls} - {None})
     return [str(p) for p in peers] or ["-"]

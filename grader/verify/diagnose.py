@@ -205,13 +205,29 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
     notes += contribution_causes(quantity, ws, record, calls)
-    if exercise.diagnose is not None:
-        try:
-            extra = exercise.diagnose(quantity.name, data, ws, rank, {"calls": record.calls, "value": value}) or []
-        except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
-            extra = []
-        notes += [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # the exercise's own words
+    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.WRONG)
     return notes
+
+
+def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecord, outcome: Outcome) -> list[Note]:
+    """The exercise's own causes (`Exercise.diagnose`) for a rank whose check failed: a wrong value, and
+    also an exception, or right numbers that did not come through the communication. The context holds
+    the rank's operations, its value, the outcome and, if it raised, its error."""
+    if exercise.diagnose is None:
+        return []
+    context = {"calls": record.calls, "value": value, "outcome": outcome.value,
+               "error": (record.result or {}).get("error")}
+    try:
+        extra = exercise.diagnose(quantity.name, value.data, ws, record.rank, context) or []
+    except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
+        extra = []
+    return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # the exercise's own words
+
+
+def forbidden_words(exercise, op: str, name: str) -> list[Note]:
+    """The exercise's own reason for not allowing `op` (its message `cause.forbidden_<op>`), if it gives one."""
+    key = f"cause.forbidden_{op}"
+    return [Note(f"{exercise.name}.{key}", {"op": name})] if key in (exercise.messages or {}) else []
 
 
 def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]) -> list[Note]:

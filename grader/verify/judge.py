@@ -197,6 +197,7 @@ class Judge:
         failure = diagnose.rank_failure(run, record)
         notes: list[Note] = []
         details: list[Note] = []
+        explained = False    # the value's causes (the exercise's included) are in notes
         label = {"rank": record.rank, "quantity": quantity.name}
         if outcome is Outcome.MISSING:
             if failure is not None:
@@ -217,7 +218,8 @@ class Judge:
                 if detail in ("detail.values", "detail.shape", "detail.dtype"):
                     notes.extend(diagnose.value_causes(quantity, value, ws, record.rank, record, others,
                                                        self.source, self.exercise))
-                if detail == "detail.values" and quantity.provenance and not any(n.key.startswith("cause.") for n in notes):
+                    explained = True
+                if detail == "detail.values" and quantity.provenance and not any(".cause." in f".{n.key}" for n in notes):
                     notes.extend(self._weights(runs, quantity, record.rank))
                 notes.append(Note(detail, label))
                 details.append(self._rank_value(quantity, ws, record.rank, value))
@@ -245,6 +247,8 @@ class Judge:
                 notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
         if outcome is not Outcome.PASS:
             notes.extend(diagnose.call_causes(quantity, ws, record))
+            if not explained:
+                notes.extend(diagnose.exercise_causes(self.exercise, quantity, value, ws, record, outcome))
         return record.rank, outcome, notes, details
 
     def _weights(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> list[Note]:
@@ -271,6 +275,7 @@ class Judge:
             if used is not None:
                 notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
                                                         "line": used.line or "?"}))
+                notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         for op in sorted(wanted):
@@ -304,6 +309,8 @@ def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
     if finding.key == "contribution":
         params["sent"] = diagnose.preview(finding.params.get("sent"))
         params["own"] = diagnose.preview(finding.params.get("own"))
+        if quantity.uses_context:   # its own data is what it computes from what it received: no fixed values
+            return [Note("why.contribution_derived", params)]
     if finding.key == "weights":
         params["missing"] = [str(s) for s in finding.params.get("missing") or []] or ["-"]
         params["twice"] = [str(s) for s in finding.params.get("twice") or []] or ["-"]

@@ -253,6 +253,12 @@ class RunContext:
                 out.append(np.concatenate(parts) if parts else np.zeros(0))
         return out
 
+    def reduces(self, rank: int, op: str) -> list[str | None]:
+        """The reduce operation ("SUM", "AVG" ...; None: not given) of each call of `op` on `rank` that
+        delivered data, in the order of `delivered`: what a rank must do with a sum depends on it."""
+        return [call.reduce for call in self.view.calls[rank]
+                if call.op == op and call.completed and call.ok and call.receives]
+
     def sent(self, rank: int, op: str) -> list[np.ndarray]:
         out = []
         for call in self.view.calls[rank]:

@@ -10,6 +10,8 @@ by element, into:
     received earlier, or as its own data plus data it received (a ring's reduce-scatter step);
   - and the resulting weight of every rank's own data in F[i] is exactly what the exercise says
     (`combine`: 1/N of each rank's data for a mean, one rank's data for a concatenation ...).
+A state a rank computes from what it received (`combine="own"`, an optimizer's momentum shard) is proven
+when it equals the rank's own data, `local(rank, ws, ctx)`, computed from what was delivered to it.
 Scales s are 1, N or 1/N, or 1/d for a delivered divisor d whose unperturbed value is N (an all-reduced
 count). Numbers computed locally carry no deltas and match nothing; a value fed into a collective by
 one rank for all, or laundered through it, has the wrong contributions; a buffer edited after the
@@ -71,8 +73,8 @@ class Tracer:
         self.calls: list[Call] = []
 
     # -- the target: which ranks' data make element i, at which local index, with what weight
-    def target(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(weights [ws, n], local index [ws, n] (-1: no part)) that the exercise expects for F[0:n]."""
+    def target(self, n: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """(weights [ws, n], local index [ws, n] (-1: no part)) that the exercise expects for F[0:n] on `rank`."""
         ws, combine = self.ws, self.quantity.combine
         weights = np.zeros((ws, n))
         index = np.full((ws, n), -1)
@@ -87,14 +89,15 @@ class Tracer:
                 inside = (i >= starts[q]) & (i < starts[q + 1])
                 weights[q, inside] = 1.0
                 index[q, inside] = i[inside] - starts[q]
-        else:  # root
-            weights[self.quantity.root] = 1.0
-            index[self.quantity.root] = i
+        else:  # root, own
+            owner = rank if combine == "own" else self.quantity.root
+            weights[owner] = 1.0
+            index[owner] = i
         return weights, index
 
     def prove(self, rank: int, value: np.ndarray) -> Proof:
         n = value.size
-        weights, index = self.target(n)
+        weights, index = self.target(n, rank)
         self.index = index
         self._alone = (weights == 1.0) & (np.count_nonzero(weights, axis=0) == 1)[None, :]
         result = self._explain(rank, value, np.arange(n), 0, None)
@@ -223,9 +226,12 @@ class Tracer:
         while t < x.size:
             best = None   # (length, kind, payload)
             # (a) the rank's own data, possibly scaled (divided by N before a sum, say); in the final value
-            # only where the exercise wants this rank's data alone (the root of a broadcast)
-            if depth > 0 or self._alone[rank, I[t]]:
-                for c in (1.0, 1.0 / self.ws, float(self.ws)):
+            # only where the exercise wants this rank's data alone (the root of a broadcast), and for a
+            # state the rank keeps ("own") only when computed from what it received (its local(ctx)
+            # then carries the deltas)
+            top = self._alone[rank, I[t]] and (self.quantity.combine != "own" or self.quantity.uses_context)
+            if depth > 0 or top:
+                for c in (1.0, 1.0 / self.ws, float(self.ws)) if depth > 0 else (1.0,):
                     L = self._leaf_run(rank, x, I, t, c)
                     if L and (best is None or L > best[0]):
                         best = (L, "local", c)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..exercise.spec import Check, Exercise
 from ..model import CheckResult, Note, Outcome, Words
 from ..submission.static import StaticReport
+from .diagnose import forbidden_words
 
 
 def static_results(exercise: Exercise, checks: list[Check], report: StaticReport) -> list[CheckResult]:
@@ -13,8 +14,9 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
             used = {op: lines for op, lines in report.reached.items() if op in check.forbid}
             if used:
                 op, lines = sorted(used.items())[0]
+                words = forbidden_words(exercise, op, op)
                 out.append(CheckResult(check, Outcome.FORBIDDEN, 0, [Note("static.forbidden", {
-                    "op": op, "lines": list(lines), "exercise": exercise.name})]))
+                    "op": op, "lines": list(lines), "exercise": exercise.name}), *words]))
             else:
                 out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.not_used", {
                     "ops": list(check.forbid)})]))

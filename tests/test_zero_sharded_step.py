@@ -1,0 +1,398 @@
+"""The third exercise, zero_sharded_step (solutions/zero_sharded_step/), through its entry points.
+
+Every fixture under tests/fixtures/zero_sharded_step/ is graded by ONE `batch` call (module fixture):
+honest styles score 100, each mistake gets its exact outcomes and its cause (the exercise's words, in
+Chinese and English), each cheat scores 0 on the checks it fakes. Then `list`, `check` (Chinese),
+`gradescope-zip` with run_autograder (which runs `grade`), the nbgrader round trip (generate_assignment,
+autograde of a notebook whose cells run the in-notebook check in a real kernel), and the report's
+ZeRO lines, which are the chapter's claim in the student's own run.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, PY, ROOT, run_cli
+from grader.exercise import registry
+from grader.feedback.messages import CATALOG, render
+from grader.integrations import release
+
+EX = "zero_sharded_step"
+FIX = FIXTURES / EX
+SOLUTION_PY = ROOT / "solutions" / EX / f"{EX}.py"
+SOLUTION_NB = ROOT / "solutions" / EX / f"{EX}.ipynb"
+RELEASE_PY = ROOT / "assignments" / EX / f"{EX}.py"
+RELEASE_NB = ROOT / "assignments" / EX / f"{EX}.ipynb"
+WS = (2, 3, 4)
+HIDDEN_WS = (3, 4)
+EXERCISE = registry.get(EX)   # loading it adds its messages to the catalog under its name
+
+
+def every(kind: str, outcome: str, sizes=WS) -> dict:
+    return {f"ws{ws}.{kind}": outcome for ws in sizes}
+
+
+# (score, the checks that do not pass with their outcome, the causes (the exercise's keys and their
+# parameters) that every failing check of a kind names, visible and hidden alike)
+NOT_DIVIDED, WRONG_SHARD, LOCAL_UPDATE = ("cause.not_divided", {}), ("cause.wrong_shard", {}), ("cause.local_update", {})
+FULL_MOMENTUM, PADDING, GATHERED = ("cause.full_momentum", {}), ("cause.padding", {}), ("cause.gathered_gradients", {})
+RESET, ALL_REDUCE = ("cause.momentum_reset", {}), ("cause.forbidden_all_reduce", {"op": "all_reduce"})
+MISTAKES = {
+    "m01_no_division": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                        {"params": [NOT_DIVIDED], "momentum": [NOT_DIVIDED]}),
+    "m02_wrong_shard_index": (55, every("params", "wrong"), {"params": [WRONG_SHARD]}),
+    "m03_full_params_updated": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                                {"params": [LOCAL_UPDATE], "momentum": [FULL_MOMENTUM]}),
+    "m04_full_momentum": (70, every("momentum", "wrong"), {"momentum": [FULL_MOMENTUM]}),
+    "m05_no_padding": (40, {**every("params", "exception", HIDDEN_WS), **every("momentum", "exception", HIDDEN_WS),
+                            **every("primitives", "wrong", HIDDEN_WS)}, {"params": [PADDING], "momentum": [PADDING]}),
+    "m06_gathered_gradients": (25, {**every("params", "not_collective"), **every("momentum", "wrong")},
+                               {"params": [GATHERED], "momentum": [FULL_MOMENTUM, GATHERED]}),
+    "m07_momentum_reset": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                           {"params": [RESET], "momentum": [RESET]}),
+    "m08_all_reduce": (5, {"static.reduce_scatter": "not_called", **every("params", "not_collective"),
+                           **every("momentum", "not_collective"), **every("primitives", "wrong")},
+                       {"params": [ALL_REDUCE], "momentum": [ALL_REDUCE], "primitives": [ALL_REDUCE]}),
+    "m09_padding_kept": (70, every("params", "wrong", HIDDEN_WS), {"params": [("cause.padding_kept", {})]}),
+}
+# the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication"
+CHEATS = {
+    "c01_local_answer_dummy_collectives": ("params", "momentum"),
+    "c02_launder_through_all_gather": ("params", "momentum"),
+    "c03_fake_sharded_momentum": ("momentum",),
+    "c04_probe_deltas_with_zeros": ("params", "momentum"),
+}
+HONEST = sorted(p.stem for p in FIX.glob("h*.py"))
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict:
+    """Every fixture through one `batch` call (Chinese feedback): student -> results.json."""
+    out = tmp_path_factory.mktemp("zero_batch")
+    proc = run_cli("batch", str(FIX), "--out", str(out), "--exercise", EX, "--jobs", "2", "--lang", "zh", timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
+        rows = {row["student"]: row for row in csv.DictReader(fh)}
+    results = {name: json.loads((out / f"{name}.json").read_text(encoding="utf-8")) for name in rows}
+    return {"rows": rows, "results": results}
+
+
+def failing(results: dict) -> dict:
+    return {k: v for k, v in results["extra_data"]["outcomes"].items() if v != "pass"}
+
+
+def output_of(results: dict, check_id: str) -> str:
+    """The feedback of one check as the student reads it (results.json keeps the tests in rubric order)."""
+    ids = list(results["extra_data"]["outcomes"])
+    return results["tests"][ids.index(check_id)]["output"]
+
+
+# -- the fixtures, one batch ----------------------------------------------------------------------
+
+def test_enough_fixtures_of_each_kind():
+    assert len(HONEST) >= 6 and len(MISTAKES) >= 8 and len(CHEATS) >= 3
+    assert sorted(p.stem for p in FIX.glob("*.py")) == sorted([*HONEST, *MISTAKES, *CHEATS])
+
+
+@pytest.mark.timeout(420)
+def test_honest_styles_score_100(graded):
+    for name in HONEST:
+        assert graded["rows"][name]["total"] == "100", (name, failing(graded["results"][name]))
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_mistake_scores_and_names_its_cause_in_both_languages(graded, name):
+    score, outcomes, causes = MISTAKES[name]
+    results = graded["results"][name]
+    assert results["score"] == score and failing(results) == outcomes, failing(results)
+    for check_id in outcomes:
+        kind = check_id.split(".")[1]
+        text = output_of(results, check_id)
+        named = {c["key"] for c in results["extra_data"]["causes"][check_id]}
+        for key, params in causes.get(kind, []) if check_id.startswith("ws") else []:
+            assert f"{EX}.{key}" in named, (check_id, named)
+            assert render(f"{EX}.{key}", params, "zh") in text, (check_id, text)
+        assert "Traceback" not in text
+    for key, params in (cause for found in causes.values() for cause in found):   # the same cause, in English
+        zh, en = render(f"{EX}.{key}", params, "zh"), render(f"{EX}.{key}", params, "en")
+        assert re.search(r"[\u4e00-\u9fff]", zh) and "：" in zh and en.isascii() and en.startswith("Cause: "), key
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", list(CHEATS))
+def test_cheat_scores_0_on_the_checks_it_fakes(graded, name):
+    results = graded["results"][name]
+    faked = {f"ws{ws}.{kind}" for ws in WS for kind in CHEATS[name]}
+    assert failing(results) == {check_id: "not_collective" for check_id in faked}
+    scores = dict(zip(results["extra_data"]["outcomes"], (t["score"] for t in results["tests"])))
+    assert all(scores[check_id] == 0 for check_id in faked)
+    assert results["score"] == 100 - sum(15 if c.endswith("params") else 10 for c in faked)
+
+
+@pytest.mark.timeout(420)
+def test_hidden_checks_reveal_no_values_sizes_or_lines(graded):
+    for name, results in graded["results"].items():
+        for test in results["tests"]:
+            if test["visibility"] != "after_published":
+                continue
+            text = re.sub(r"隐藏测试 \d|ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", test["name"] + test["output"])
+            assert not re.search(r"\d", text), (name, test)
+            assert "进程 0" not in text and "行）" not in text, (name, test)
+
+
+@pytest.mark.timeout(420)
+def test_the_momentum_shard_is_proven_from_the_reduce_scatter_deliveries(graded):
+    """A right momentum computed without the reduce-scatter's data (c03) fails where the honest ones pass:
+    the tracer names what the rank's value is not made of."""
+    text = output_of(graded["results"]["c03_fake_sharded_momentum"], "ws2.momentum")
+    assert render("fail.not_collective", {"rank": 0, "quantity": "momentum", "ops": ["reduce_scatter"]}, "zh") in text
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_list_names_the_exercise():
+    proc = run_cli("list", "--lang", "en")
+    assert proc.returncode == 0, proc.stderr
+    assert ("  zero_sharded_step: A ZeRO-style sharded optimizer step: reduce-scatter and all-gather "
+            "(100 points; visible world sizes 2)") in proc.stdout
+    assert "dist_primitives" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_check_in_chinese_names_the_cause_and_infers_the_exercise(tmp_path):
+    """`check` on a file named after the exercise (no --exercise): the visible checks only, in Chinese."""
+    path = tmp_path / f"{EX}.py"
+    shutil.copy(FIX / "m04_full_momentum.py", path)
+    proc = run_cli("check", str(path), "--lang", "zh")
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith(f"== {EX}.py: 得分：30 / 40 ==")
+    assert render(f"{EX}.cause.full_momentum", {}, "zh") in proc.stdout
+    assert "  进程 1：保存 1030 个动量元素，也就是全部 1030 个：优化器状态没有分片。" in proc.stdout
+    assert "隐藏测试" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_gradescope_zip_for_the_exercise_grades_a_submission(tmp_path):
+    """gradescope-zip --exercise: the exercise's definition in the zip, run_autograder runs `grade` on the
+    submission folder; the report's ZeRO lines come with it."""
+    proc = run_cli("gradescope-zip", "--exercise", EX, "--out", str(tmp_path / "a.zip"), "--lang", "en")
+    assert proc.returncode == 0, proc.stderr
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(tmp_path / "a.zip") as zf:
+        assert f"solutions/{EX}/exercise.py" in zf.namelist()
+        assert "solutions/dist_primitives/exercise.py" not in zf.namelist()
+        assert f"--exercise {EX}".encode() in zf.read("run_autograder")
+        zf.extractall(root / "source")
+    (root / "submission").mkdir()
+    shutil.copy(SOLUTION_PY, root / "submission" / "answer.py")
+    from test_gradescope import run_autograder
+    results = run_autograder(root, PY)
+    assert results["score"] == 100 and len(results["tests"]) == 11
+    assert results["extra_data"]["exercise"] == EX
+
+
+# -- the report: the chapter's claim, in the student's own run ----------------------------------
+
+def test_teach_lines_are_the_chapters_numbers():
+    """Per rank and step: reduce-scatter and all-gather each (N-1)/N x S, together one all-reduce's
+    2(N-1)/N x S; the momentum elements held beside the unsharded count (a synthetic run, no processes)."""
+    from grader.processes.protocol import Call
+    from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+    from grader.feedback.teach import exercise_notes
+    exercise = registry.get(EX)
+
+    def call(rank, seq, op, numel):
+        c = Call(rank=rank, seq=seq, method="-", op=op, group=(0, 1, 2, 3), sends=True, receives=True,
+                 inputs=[{"dtype": "torch.float32", "numel": numel if op != "all_gather" else 258}],
+                 completed=True, ok=True,
+                 delivered=[{"dtype": "torch.float32", "numel": 258 if op == "reduce_scatter" else numel}])
+        return c
+
+    ranks = []
+    for rank in range(4):
+        rec = RankRecord(rank)
+        rec.calls = [call(rank, 0, "reduce_scatter", 1032), call(rank, 1, "all_gather", 1032),
+                     call(rank, 2, "reduce_scatter", 1032), call(rank, 3, "all_gather", 1032)]
+        shape = [258] if rank else [1030]
+        rec.result = {"how": "return", "values": {"momentum": {"kind": "tensor", "shape": shape}}}
+        ranks.append(rec)
+    notes = exercise_notes(exercise, RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), ranks))
+    lines = [render(n.key, n.params, "en") for n in notes]
+    assert lines[0].startswith("ZeRO's account (4 ranks)")
+    # S = 1032 float32 = 4128 bytes: (4-1)/4 x 4128 = 3096 each, 6192 together = 2(4-1)/4 x 4128
+    assert lines[1] == ("  rank 0, each step: reduce_scatter sends about 3096 bytes and all_gather about 3096, 6192 in all "
+                        "((N-1)/N x S each, S = 4128 bytes); one all_reduce of the same gradient sends about 6192 (2(N-1)/N x S).")
+    assert lines[2] == "  rank 0: holds 1030 momentum elements, all 1030 of them: the optimizer state is not sharded."
+    assert lines[4] == ("  rank 1: holds 258 momentum elements (optimizer state) where an unsharded optimizer holds 1030: "
+                        "about 1/4.")
+    assert render(notes[4].key, notes[4].params, "zh") == "  进程 1：保存 258 个动量元素（优化器状态），不分片时是 1030 个：约 1/4。"
+
+
+# -- the exercise's own diagnosis, on synthetic values (no processes) --------------------------------
+
+def _diagnose(quantity: str, values, ws: int, rank: int = 1, outcome: str = "wrong") -> list[str]:
+    from grader.verify.observe import Value
+    value = Value("tensor", True, "Tensor", "torch.float32", [int(np.asarray(values).size)], np.asarray(values, float))
+    return [key for key, _ in EXERCISE.diagnose(quantity, value.data, ws, rank,
+                                                {"calls": [], "value": value, "outcome": outcome, "error": None})]
+
+
+def test_diagnosis_names_each_mistake_from_the_values_alone():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("zero_exercise", ROOT / "solutions" / EX / "exercise.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    for ws in WS:
+        s = ex.shard_size(ws)
+        mine = slice(s, 2 * s)
+        right_params, right_momentum = ex.simulate(ws)[0], ex.simulate(ws)[1][mine]
+        assert _diagnose("params", right_params, ws, outcome="not_collective") == []
+        assert _diagnose("params", ex.simulate(ws, divide=False)[0], ws) == ["cause.not_divided"]
+        assert _diagnose("momentum", ex.simulate(ws, divide=False)[1][mine], ws) == ["cause.not_divided"]
+        assert _diagnose("params", ex.simulate(ws, carry=False)[0], ws) == ["cause.momentum_reset"]
+        assert _diagnose("params", ex.simulate(ws, own_gradient=True)[0], ws) == ["cause.local_update"]
+        for base in ("first", "next", "previous"):
+            assert _diagnose("params", ex.simulate(ws, base=base)[0], ws) == ["cause.wrong_shard"]
+        assert _diagnose("momentum", np.zeros(1030), ws) == ["cause.full_momentum"]
+        if 1030 % ws:
+            assert _diagnose("momentum", np.zeros(1030 // ws), ws) == ["cause.padding"]
+            assert _diagnose("params", np.zeros(s * ws), ws) == ["cause.padding_kept"]
+            stale_tail = right_params.copy()
+            stale_tail[-1] += 1.0
+            assert _diagnose("params", stale_tail, ws) == ["cause.padding"]
+        garbage = ex.simulate(ws)[1][(ws - 1) * s:].copy()   # the last rank's shard holds the padding
+        garbage[-1] = 7.0
+        assert _diagnose("momentum", garbage, ws, rank=ws - 1) == (["cause.padding_not_zero"] if 1030 % ws else [])
+
+
+# -- the first exercise pays nothing for this one ------------------------------------------------------
+
+def test_the_first_exercise_path_is_unchanged():
+    """What bench measures (dist_primitives) costs what it did: its submissions are still told apart from
+    this exercise's without running anything, no teaching hook or preload is added to them, the runs
+    planned for them perturb the same operations, and loading every exercise imports no torch (the
+    supervisor never does)."""
+    import subprocess
+    from grader import api
+    from grader.submission import static
+    probe = "import sys; from grader.exercise import registry; registry.available(); print('torch' in sys.modules)"
+    assert subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout == "False\n"
+    first = registry.available()["dist_primitives"]
+    assert first.teach is None and first.diagnose is None
+    assert api._perturbed_ops(first) == ("all_reduce", "all_gather")
+    bench_src = (ROOT / "bench" / "bench.py").read_text(encoding="utf-8")
+    templates = ast.literal_eval(next(node.value for node in ast.parse(bench_src).body
+                                      if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TEMPLATES"))
+    for template in templates:
+        source = template.format(i=0)
+        assert registry.infer(Path("student.py"), source).name == "dist_primitives"
+        assert "torch._dynamo" not in static.inspect_source(ast.parse(source)).torch_modules
+    for path in sorted((FIXTURES / "honest").glob("*.py")):
+        assert registry.infer(path, path.read_text(encoding="utf-8")).name == "dist_primitives", path
+    for path in sorted(FIX.glob("*.py")):
+        assert registry.infer(Path("answer.py"), path.read_text(encoding="utf-8")).name == EX, path
+
+
+# -- student versions ----------------------------------------------------------------------------------
+
+def _cells(path: Path) -> list:
+    return nbformat.read(path, as_version=4).cells
+
+
+def _grade_id(cell) -> str | None:
+    return cell.metadata.get("nbgrader", {}).get("grade_id")
+
+
+def test_student_versions_are_generated_from_the_solution():
+    assert RELEASE_PY.read_text(encoding="utf-8") == release.clear_solutions(SOLUTION_PY.read_text(encoding="utf-8"))
+    released = RELEASE_NB.read_text(encoding="utf-8")
+    for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", "reduce_scatter_tensor(grad_shard, grad, op", 'check(\\"ws3', 'check(\\"ws4'):
+        assert secret not in released, secret
+
+
+def test_notebook_cells_are_the_py_solution_and_the_rubric():
+    exercise = registry.get(EX)
+    cells = _cells(SOLUTION_NB)
+    by_id = {_grade_id(c): c for c in cells if _grade_id(c)}
+    solution = ast.parse(SOLUTION_PY.read_text(encoding="utf-8"))
+    ours = {n.name: ast.dump(n) for n in solution.body if isinstance(n, ast.FunctionDef)}
+    for grade_id, names in (("run_worker", ("run_worker",)), ("given", ("initial_parameters", "local_gradient"))):
+        cell = ast.parse(by_id[grade_id].source)
+        theirs = {n.name: ast.dump(n) for n in cell.body if isinstance(n, ast.FunctionDef)}
+        assert {n: theirs[n] for n in names} == {n: ours[n] for n in names}
+    assert by_id["run_worker"].metadata.nbgrader["solution"] and by_id["given"].metadata.nbgrader["locked"]
+    graded = [c for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert [_grade_id(c) for c in graded] == ["test_" + c.id.replace(".", "_") for c in exercise.checks]
+    for cell, check in zip(graded, exercise.checks):
+        assert cell.metadata.nbgrader["points"] == check.points
+        call = f'nbcheck.check("{check.id}", "{EX}")'
+        assert call in cell.source and (("### BEGIN HIDDEN TESTS" in cell.source) == check.hidden)
+        if check.hidden:
+            assert "nbcheck" not in cell.source.split("### BEGIN HIDDEN TESTS")[0]
+    assert sum(c.points for c in exercise.checks) == 100
+    assert any(f'nbcheck.report("{EX}")' in c.source for c in cells)
+    for cell in cells:
+        if cell.cell_type == "markdown" and cell.metadata.get("nbgrader", {}).get("locked"):
+            assert re.search(r"[\u4e00-\u9fff]", cell.source) and sum(ch.isascii() and ch.isalpha() for ch in cell.source) > 100
+
+
+def test_exercise_messages_are_bilingual_and_hidden_safe():
+    exercise = registry.get(EX)
+    from grader.feedback.render import hidden_safe
+    for key, (zh, en) in exercise.messages.items():
+        assert CATALOG[f"{EX}.{key}"] == (zh, en)
+        assert re.search(r"[\u4e00-\u9fff]", zh) and en.isascii(), key
+        assert set(re.findall(r"\{(\w+)", zh)) == set(re.findall(r"\{(\w+)", en)), key
+        if key.startswith("cause."):   # hidden checks show them: names only, no numbers
+            assert hidden_safe(f"{EX}.{key}"), key
+            assert not re.search(r"\d", re.sub(r"ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", zh + en)), key
+
+
+# -- nbgrader, end to end --------------------------------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_nbgrader_round_trip(tmp_path):
+    """generate_assignment in a temporary course (its release is the committed one), then a student's
+    notebook through autograde (a real kernel runs the self-check and the check cells): the gradebook holds
+    the scores the CLI gives, cell by cell."""
+    from test_nbgrader_e2e import cell, nbgrader
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "solutions" / EX, course / "solutions" / EX)
+    nbgrader(course, "generate_assignment", EX)
+    generated = course / "assignments" / EX / f"{EX}.ipynb"
+    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(RELEASE_NB.read_text(encoding="utf-8"))
+
+    nb = nbformat.read(RELEASE_NB, as_version=4)
+    answer = ast.parse((FIX / "m04_full_momentum.py").read_text(encoding="utf-8"))
+    worker = next(n for n in answer.body if isinstance(n, ast.FunctionDef) and n.name == "run_worker")
+    cell(nb, "run_worker").source = ast.unparse(worker)
+    submitted = course / "submitted" / "erin" / EX
+    submitted.mkdir(parents=True)
+    nbformat.write(nb, submitted / f"{EX}.ipynb")
+    nbgrader(course, "autograde", EX, timeout=240)
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        sub = gb.find_submission_notebook(EX, EX, "erin")
+        cells = {g.name: (g.score, g.max_score) for g in sub.grades}
+    assert sum(score for score, _ in cells.values()) == 70 and sum(top for _, top in cells.values()) == 100
+    assert {name for name, (score, top) in cells.items() if score != top} == {
+        "test_ws2_momentum", "test_ws3_momentum", "test_ws4_momentum"}
+    graded = nbformat.read(course / "autograded" / "erin" / EX / f"{EX}.ipynb", as_version=4)
+    report = next(c for c in graded.cells if 'nbcheck.report("zero_sharded_step")' in c.source)
+    text = "".join(o.get("text", "") for o in report.outputs)
+    assert "ZeRO" in text and "1030" in text, text
+    momentum = "".join(o.get("evalue", "") + "".join(o.get("traceback", [])) for o in cell(graded, "test_ws2_momentum").outputs)
+    assert "DDP" in momentum, momentum
