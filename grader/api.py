@@ -124,10 +124,13 @@ def _backend_for(ws: int, backend: str, gpus: int) -> str | None:
 
 
 def _perturbed_ops(exercise: Exercise) -> tuple[str, ...]:
+    """The operations a perturbed run perturbs: those the quantities come through, and those the exercise
+    forbids (a value that went through a forbidden operation can then still be shown right, if not
+    allowed: the "uses" check says so)."""
     ops = []
-    for quantity in exercise.quantities:
-        for op in quantity.through:
-            ops += ["send", "recv"] if op in ("send", "recv") else [op]
+    forbidden = [op for check in exercise.checks if check.kind == "uses" for op in check.forbid]
+    for op in [op for quantity in exercise.quantities for op in quantity.through] + list(exercise.forbidden) + forbidden:
+        ops += ["send", "recv"] if op in ("send", "recv") else [op]
     return tuple(dict.fromkeys(ops))
 
 

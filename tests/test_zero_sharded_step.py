@@ -59,9 +59,9 @@ MISTAKES = {
                                {"params": [GATHERED], "momentum": [FULL_MOMENTUM, GATHERED]}),
     "m07_momentum_reset": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                            {"params": [RESET], "momentum": [RESET]}),
-    "m08_all_reduce": (5, {"static.reduce_scatter": "not_called", **every("params", "not_collective"),
-                           **every("momentum", "not_collective"), **every("primitives", "wrong")},
-                       {"params": [ALL_REDUCE], "momentum": [ALL_REDUCE], "primitives": [ALL_REDUCE]}),
+    # the right numbers, through what the all-reduce delivered: the value points; not the primitives'
+    "m08_all_reduce": (80, {"static.reduce_scatter": "not_called", **every("primitives", "wrong")},
+                       {"primitives": [ALL_REDUCE]}),
     "m09_padding_kept": (70, every("params", "wrong", HIDDEN_WS), {"params": [("cause.padding_kept", {})]}),
 }
 # the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication"

@@ -16,6 +16,8 @@ deltas): the final parameters are what the last all-gather delivered; each rank 
 shard it computed from the gradient shards the reduce-scatter delivered to it (its own copy of its
 shard at step 2, or the slice of the gathered parameters), and fed the reduce-scatter its own full
 gradient (or that gradient / N with a sum); its momentum is the one it computed from those deliveries.
+A gradient all-reduced whole and then sliced gives the right numbers from what the all-reduce delivered
+(it is perturbed too): the value points, not the primitives points.
 
 Points (100): static 10 (run_worker reaches reduce_scatter 5, all_gather 5); for each world size 30:
 the parameters 15, the momentum shard (sharded optimizer state) 10, the primitives 5 (reduce_scatter
@@ -103,12 +105,13 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 
 
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
-def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool) -> float | None:
-    """What rank q fed its k-th reduce-scatter: its own padded gradient of step k+1 (1.0), that gradient
-    divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too (it lands
-    in the last rank's momentum; the parameters drop it)."""
-    sent = ctx.sent(q, "reduce_scatter")
-    if len(sent) <= k or sent[k].size != shard_size(ws) * ws or (zero_padding and np.any(sent[k][P:] != 0)):
+def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter") -> float | None:
+    """What rank q fed its k-th reduce-scatter (or all-reduce): its own padded gradient of step k+1 (1.0),
+    that gradient divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too
+    (it lands in the last rank's momentum; the parameters drop it)."""
+    sent = ctx.sent(q, op)
+    sizes = (shard_size(ws) * ws,) if op == "reduce_scatter" else (shard_size(ws) * ws, P)
+    if len(sent) <= k or sent[k].size not in sizes or (zero_padding and np.any(sent[k][P:] != 0)):
         return None
     own = local_gradient(q, k + 1)
     for scale in (1.0, 1.0 / ws):
@@ -120,13 +123,20 @@ def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool) -> float | None
 def _momentum_steps(rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
     """The rank's momentum shard after each step, from the gradient shards the reduce-scatter delivered
     to it; None unless every rank fed every reduce-scatter its own gradient."""
-    delivered = ctx.delivered(rank, "reduce_scatter")
-    reduces = ctx.reduces(rank, "reduce_scatter")
-    if len(delivered) != STEPS or any(d.size != shard_size(ws) for d in delivered):
+    s = shard_size(ws)
+    op, delivered = "reduce_scatter", ctx.delivered(rank, "reduce_scatter")
+    if not delivered and len(ctx.delivered(rank, "all_reduce")) == STEPS:
+        # the whole gradient all-reduced, then this rank's shard sliced out: the right numbers (the
+        # primitives check takes the points away: the same bytes, no memory saved)
+        op = "all_reduce"
+        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d
+                     for d in ctx.delivered(rank, "all_reduce")]
+    reduces = ctx.reduces(rank, op)
+    if len(delivered) != STEPS or any(d.size != s for d in delivered):
         return None
-    momentum, out = np.zeros(shard_size(ws)), []
+    momentum, out = np.zeros(s), []
     for k in range(STEPS):
-        scales = {_fed_scale(q, k, ws, ctx, zero_padding) for q in range(ws)}
+        scales = {_fed_scale(q, k, ws, ctx, zero_padding, op) for q in range(ws)}
         if len(scales) != 1 or None in scales:
             return None
         fed = scales.pop()
