@@ -140,6 +140,10 @@ CATALOG: dict[str, tuple[str, str]] = {
                                "Cause: the ranks did not call the same collectives (e.g. a collective that only some ranks call). Every rank must make the same calls in the same order."),
     "cause.assigned_none": ("原因：dist.{op} 是原地操作，返回 None（只有 async_op=True 时返回一个 work 对象）；t = dist.{op}(...) 会把变量变成 None。直接调用 dist.{op}(...)，然后使用原来的张量。",
                             "Cause: dist.{op} works in place and returns None (a work handle only with async_op=True), so t = dist.{op}(...) leaves None in t. Call dist.{op}(...) on its own and keep using the tensors you passed."),
+    "cause.p2p_unmatched": ("原因：进程 {rank} 在等待来自进程 {peer} 的数据，但进程 {peer} 从不发给它（它发给了进程 {to}）。检查 send/recv 的对象：发给谁，就要由谁来接收。",
+                            "Cause: rank {rank} waits to receive from rank {peer}, which never sends to it (it sends to rank {to}). Check the peers of send and recv: every send needs a receive posted by the rank it goes to."),
+    "cause.p2p_unmatched_generic": ("原因：有进程在等待一个从不给它发送数据的进程。检查 send/recv 的对象：发给谁，就要由谁来接收。",
+                                    "Cause: a rank waits to receive from a rank that never sends to it. Check the peers of send and recv: every send needs a receive posted by the rank it goes to."),
     # --- why provenance failed (the tracer's findings)
     "why.not_delivered": ("  进程 {rank} 的 {quantity} 第 {element} 个元素（{value:g}）不是任何通信传来的数据算出来的。",
                           "  Element {element} of {quantity} on rank {rank} ({value:g}) was not derived from anything the communication delivered."),

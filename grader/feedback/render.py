@@ -18,7 +18,8 @@ HINTS = {
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.
 SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce"}
-HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden"}
+HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden",
+                   "cause.p2p_unmatched": "cause.p2p_unmatched_generic"}
 
 
 def note(n: Note, lang: str) -> str:

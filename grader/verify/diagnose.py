@@ -326,8 +326,29 @@ def blocked_in_send(run: RunOutcome) -> Note | None:
     if run.stop != "deadlock":
         return None
     waiting = [rec.inside for rec in run.ranks if not rec.finished]
-    if waiting and all(call is not None and call.op == "send" for call in waiting):
+    posted = any(c.op == "recv" and not c.completed for rec in run.ranks for c in rec.calls)
+    if waiting and all(call is not None and call.op == "send" for call in waiting) and not posted:
         return Note("cause.all_blocked_in_send", {})
+    return None
+
+
+def unmatched_receive(run: RunOutcome) -> Note | None:
+    """A deadlock where a rank waits to receive from a peer that never sends to it (a wrong neighbour):
+    receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""
+    if run.stop != "deadlock":
+        return None
+    group = lambda c, r: (c.group[r] if c.group and r is not None and 0 <= r < len(c.group) else r)  # noqa: E731
+    for rec in run.ranks:
+        for call in rec.calls:
+            if call.op != "recv" or call.completed or call.peer is None:
+                continue
+            peer = group(call, call.peer)
+            if not 0 <= peer < len(run.ranks):
+                continue
+            sends = [c for c in run.ranks[peer].calls if c.op == "send"]
+            if not any(group(c, c.peer) == rec.rank for c in sends):
+                to = sorted({group(c, c.peer) for c in sends} - {None})
+                return Note("cause.p2p_unmatched", {"rank": rec.rank, "peer": peer, "to": [str(t) for t in to] or ["-"]})
     return None
 
 

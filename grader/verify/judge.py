@@ -182,9 +182,9 @@ class Judge:
         mismatch = diagnose.mismatched_calls(run)
         if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
             notes.append(mismatch)
-        blocked = diagnose.blocked_in_send(run)
-        if blocked is not None:
-            notes.append(blocked)
+        for cause in (diagnose.blocked_in_send(run), diagnose.unmatched_receive(run)):
+            if cause is not None:
+                notes.append(cause)
         for op in quantity.through:
             if diagnose.assigned_result(self.source, op):
                 notes.append(Note("cause.assigned_none", {"op": op}))
