@@ -19,7 +19,7 @@ from ..comm import OPS
 from ..exercise.spec import Check, Exercise, Quantity
 from ..model import CheckResult, Note, Outcome
 from ..processes.runner import RankRecord, RunOutcome
-from . import diagnose
+from . import diagnose, score
 from .observe import RunView, Value
 from .provenance import Proof, Tracer
 
@@ -262,6 +262,7 @@ class Judge:
             if used is not None:
                 notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
                                                         "line": used.line or "?"}))
+                notes += score.forbidden_causes(self.exercise)
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         for op in sorted(wanted):

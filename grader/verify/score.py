@@ -14,11 +14,12 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
             if used:
                 op, lines = sorted(used.items())[0]
                 out.append(CheckResult(check, Outcome.FORBIDDEN, 0, [Note("static.forbidden", {
-                    "op": op, "lines": list(lines), "exercise": exercise.name})]))
-            else:
+                    "op": op, "lines": list(lines), "exercise": exercise.name}), *forbidden_causes(exercise)]))
+                continue
+            if not check.op:  # with an op as well, the check also needs that op reached (below)
                 out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.not_used", {
                     "ops": list(check.forbid)})]))
-            continue
+                continue
         lines = report.reached.get(check.op)
         if lines:
             out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.called", {
@@ -29,6 +30,11 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
             notes.append(Note("static.todo", {"entry": exercise.entry, "todo": Words(*exercise.todo)}))
         out.append(CheckResult(check, Outcome.TODO if report.todo_left else Outcome.NOT_CALLED, 0, notes))
     return out
+
+
+def forbidden_causes(exercise: Exercise) -> list[Note]:
+    """The exercise's own words for why an operation is not allowed (`messages["cause.forbidden"]`), if any."""
+    return [Note(f"{exercise.name}.cause.forbidden", {})] if "cause.forbidden" in (exercise.messages or {}) else []
 
 
 def blanket(checks, outcome: Outcome, note: Note) -> list[CheckResult]:
