@@ -99,7 +99,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
     if visible and visible[0] in runs:
         ws_runs = runs[visible[0]]
         shown = ws_runs.clean or ws_runs.perturbed[0]  # timings and volumes: either run will do
-        result.teaching = teaching_notes(shown)
+        result.teaching = teaching_notes(shown, exercise)
         if ws_runs.clean is not None:
             result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in ws_runs.clean.ranks
                               if rec.output_total]
