@@ -43,7 +43,8 @@ def title(result: CheckResult, lang: str, checks=None) -> str:
         text = words(check.title, lang)
     if not check.hidden:
         return text
-    hidden = [c for c in (checks or [check]) if c.hidden and c.kind == check.kind and c.quantity == check.quantity]
+    hidden = [c for c in (checks or [check]) if c.hidden and c.kind == check.kind and c.quantity == check.quantity
+              and c.title == check.title]
     n = hidden.index(check) + 1 if check in hidden else 1
     return render("title.hidden", {"n": n, "what": text}, lang)
 
