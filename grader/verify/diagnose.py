@@ -206,7 +206,8 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     notes += contribution_causes(quantity, ws, record, calls)
     if exercise.diagnose is not None:
         try:
-            extra = exercise.diagnose(quantity.name, data, ws, rank, {"calls": record.calls, "value": value}) or []
+            extra = exercise.diagnose(quantity.name, data, ws, rank, {"calls": record.calls, "value": value,
+                                                                      "returned": (record.result or {}).get("how") == "return"}) or []
         except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
             extra = []
         notes += [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # the exercise's own words

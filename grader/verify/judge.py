@@ -306,7 +306,7 @@ def _unique_causes(notes: list[Note]) -> list[Note]:
     """Each cause once, whichever ranks it came from (rank-specific notes stay as they are)."""
     out, seen = [], set()
     for note in notes:
-        if note.key.startswith(("cause.", "why.")):
+        if note.key.startswith(("cause.", "why.")) or ".cause." in note.key:  # the exercise's causes too
             marker = (note.key, tuple(sorted((k, str(v)) for k, v in note.params.items() if k not in ("rank", "line", "sent"))))
             if marker in seen:
                 continue
