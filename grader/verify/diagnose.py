@@ -333,6 +333,34 @@ def blocked_in_send(run: RunOutcome) -> Note | None:
     return None
 
 
+def _global_peer(call: Call, peer: int | None) -> int | None:
+    if peer is None:
+        return None
+    return call.group[peer] if call.group and 0 <= peer < len(call.group) else peer
+
+
+def oversized_message(run: RunOutcome) -> Note | None:
+    """A rank aborted (SIGABRT) while receiving a message longer than its buffer: gloo kills the receiver,
+    no Python exception. The k-th receive from a peer (and tag) gets the peer's k-th send to this rank."""
+    for rec in run.ranks:
+        if (rec.exit or {}).get("signal") != signal.SIGABRT:
+            continue
+        for call in rec.calls:
+            if call.op != "recv" or call.completed or call.peer is None:
+                continue
+            peer = _global_peer(call, call.peer)
+            if peer is None or not 0 <= peer < len(run.ranks):
+                continue
+            mine = [c for c in rec.calls if c.op == "recv" and c.tag == call.tag and _global_peer(c, c.peer) == peer]
+            theirs = [c for c in run.ranks[peer].calls if c.op == "send" and c.tag == call.tag
+                      and _global_peer(c, c.peer) == rec.rank]
+            k = mine.index(call)
+            room = sum(int(d.get("numel") or 0) for d in call.outputs or [])
+            if k < len(theirs) and theirs[k].sent_numel > room:
+                return Note("cause.p2p_too_long", {"rank": rec.rank, "peer": peer, "sent": theirs[k].sent_numel, "room": room})
+    return None
+
+
 def unmatched_receive(run: RunOutcome) -> Note | None:
     """A deadlock where a rank waits to receive from a peer that never sends to it (a wrong neighbour):
     receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""

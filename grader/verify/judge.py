@@ -182,7 +182,7 @@ class Judge:
         mismatch = diagnose.mismatched_calls(run)
         if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
             notes.append(mismatch)
-        for cause in (diagnose.blocked_in_send(run), diagnose.unmatched_receive(run)):
+        for cause in (diagnose.blocked_in_send(run), diagnose.unmatched_receive(run), diagnose.oversized_message(run)):
             if cause is not None:
                 notes.append(cause)
         for op in quantity.through:
