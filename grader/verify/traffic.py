@@ -157,9 +157,7 @@ def evaluate_traffic(judge, check: Check, runs) -> CheckResult:
     values = judge.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden, world_size=check.world_size,
                                         quantity=check.quantity), runs)
     if not values.passed:
-        notes = [Note("cause.traffic_needs_value", {"quantity": quantity.name})]
-        notes += [n for n in values.notes if n.key.startswith("cause.") or ".cause." in n.key]
-        return CheckResult(check, Outcome.WRONG, notes=notes)
+        return CheckResult(check, Outcome.WRONG, notes=[Note("cause.traffic_needs_value", {"quantity": quantity.name})])
     n = run.request.world_size
     traffic = measure(run)
     size, item = size_and_element(run, quantity)

@@ -58,32 +58,47 @@ def _runtime(ws: int, hidden: bool) -> tuple[Check, ...]:
 
 # -- the exercise's own causes for a wrong sum (diagnose), from the values alone -------------------
 
-def _multipliers(data: np.ndarray) -> np.ndarray:
-    """data / index: every element of a right answer is index * N(N+1)/2 (element 0 is 0 whatever)."""
-    i = np.arange(1, LENGTH)
-    return data[1:] / i
+def _layouts(ws: int) -> list[list[tuple[int, int]]]:
+    """Chunk boundaries students use: tensor_split / torch.chunk-like (the first LENGTH % N chunks one
+    longer) and ceil-sized chunks (the last one shorter)."""
+    base, extra = divmod(LENGTH, ws)
+    sizes = [base + (1 if k < extra else 0) for k in range(ws)]
+    split = [(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(ws)]
+    c = -(-LENGTH // ws)
+    ceil = [(min(k * c, LENGTH), min((k + 1) * c, LENGTH)) for k in range(ws)]
+    return [split, ceil]
+
+
+def after_reduce_scatter(ws: int, rank: int, d: int, layout) -> np.ndarray:
+    """Rank `rank`'s tensor after the N - 1 reduce-scatter steps of a ring turning d (+1 or -1), and no
+    all-gather: what a solution that stops halfway returns."""
+    state = [local(q, ws) for q in range(ws)]
+    for s in range(ws - 1):
+        sent = [state[q][slice(*layout[(q - d * s) % ws])].copy() for q in range(ws)]
+        for q in range(ws):
+            a, b = layout[(q - d * s) % ws]
+            state[(q + d) % ws][a:b] += sent[q]
+    return state[rank]
 
 
 def diagnose(name, data, ws, rank, context):
-    """Which step of the ring went wrong, told from the multipliers data[i] / i (the right answer has
-    N(N+1)/2 everywhere; a partial sum has the sum of (q + 1) over the ranks q it holds)."""
-    if data is None or data.size != LENGTH or ws < 2:
+    """Which step of the ring went wrong, for a rank that returned a wrong sum. Every element of the
+    right answer is index x N(N+1)/2; the multipliers data[i] / i say which ranks' data an element holds."""
+    if data is None or data.size != LENGTH or ws < 2 or not context.get("returned", True):
         return []
     full = ws * (ws + 1) / 2
-    m = _multipliers(data)
+    m = data[1:] / np.arange(1, LENGTH)
     right = np.isclose(m, full, rtol=1e-5)
     if right.all():
         return []
     tail = LENGTH % ws
     if tail and right[: LENGTH - 1 - tail].all():
         return [("cause.uneven", {})]
-    if np.isclose(m, full + rank + 1, rtol=1e-5).any():
-        return [("cause.own_twice", {})]
-    sizes = [LENGTH // ws + (1 if k < LENGTH % ws else 0) for k in range(ws)]
-    owned = max(sizes) + 1
-    partial = (m < full - 1e-3) & (m >= rank + 1 - 1e-3)
-    if right.sum() <= owned and (right | partial).all() and right.any():
+    if any(np.allclose(data, after_reduce_scatter(ws, rank, d, layout), rtol=1e-5)
+           for d in (1, -1) for layout in _layouts(ws)):
         return [("cause.no_all_gather", {})]
+    if np.all(m >= full - 1e-3):
+        return [("cause.own_twice", {})]
     return [("cause.chunk_mixup", {})]
 
 
@@ -95,10 +110,10 @@ MESSAGES = {
                      "Cause: only the last elements, those left over when the length is divided by world_size, are wrong: "
                      "when the length is not divisible by world_size the chunks differ in size, and they must cover the "
                      "whole tensor (tensor.tensor_split(world_size), or let the last chunk run to the end)."),
-    "cause.own_twice": ("原因：有的块把本进程自己的数据加了两次——Reduce-Scatter 每一步只把收到的块加到自己的块上"
+    "cause.own_twice": ("原因：结果里有的进程的数据被算了两次（数值偏大）——Reduce-Scatter 每一步只把收到的块加到自己的块上"
                         "（chunk += incoming），不要再加一次自己的原始数据。",
-                        "Cause: a chunk holds this rank's own data twice: at each reduce-scatter step add only what "
-                        "arrived (chunk += incoming), not your own data once more."),
+                        "Cause: some ranks' data is counted twice (the sum is too large): at each reduce-scatter step add "
+                        "only what arrived (chunk += incoming), not your own data once more."),
     "cause.no_all_gather": ("原因：只有一块是完整的总和，其余的块仍是部分和——Reduce-Scatter 之后还需要 All-Gather 阶段"
                             "（再 N - 1 步），把每个进程求好的那一块传给所有进程。",
                             "Cause: one chunk holds the complete sum and the others partial sums: after the reduce-scatter "
