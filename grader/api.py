@@ -93,6 +93,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
                 Note("backend.nccl_unavailable", {"ws": check.world_size, "gpus": runner.gpus})]))
             continue
         result.checks.append(judge.evaluate(check, ws_runs))
+    judge.overrule_static(result.checks, runs)
     result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)
                    if run is not None]
     visible = exercise.visible_world_sizes

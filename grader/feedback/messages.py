@@ -44,6 +44,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                           "{entry} never reaches {op}: calls that only appear in comments, strings or dead branches do not count."),
     "static.todo": ("{entry} 仍然抛出 NotImplementedError：{todo}。", "{entry} still raises NotImplementedError: {todo}."),
     "static.forbidden": ("本练习不允许使用 {op}（第 {lines} 行）。", "This exercise does not allow {op} (line {lines})."),
+    "static.forbidden_at_run": ("代码里看不出 {op}，但运行时调用了它（第 {line} 行）：不允许的操作，无论怎样调用都不允许。",
+                                "The code does not name {op}, but it ran (line {line}): an operation that is not allowed is not allowed however it is called."),
     "static.not_used": ("没有使用 {ops}。", "None of {ops} is used."),
     # --- passes
     "pass.value": ("通过：每个进程上的 {quantity} 都正确，并且确实来自 {ops} 传来的数据，每个进程都贡献了自己的数据。",

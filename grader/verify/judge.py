@@ -274,6 +274,20 @@ class Judge:
             return CheckResult(check, Outcome.WRONG, notes=notes)
         return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
 
+    def overrule_static(self, results: list[CheckResult], runs: dict) -> None:
+        """A static check that found no forbidden operation in the text, contradicted by the runs (a name
+        built at run time, a group's own method): the operation ran, so the check fails after all."""
+        for i, result in enumerate(results):
+            spec = result.spec
+            if spec.kind != "static" or not spec.forbid or not result.passed:
+                continue
+            used = next((c for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed) if run is not None
+                         for record in run.ranks for c in record.calls if c.op in spec.forbid), None)
+            if used is not None:
+                results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
+                    Note("static.forbidden_at_run", {"op": diagnose.op_name(used), "line": used.line or "?"}),
+                    *score.forbidden_causes(self.exercise)])
+
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
         return Note("detail.rank_value", {
