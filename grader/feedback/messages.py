@@ -259,6 +259,12 @@ CATALOG: dict[str, tuple[str, str]] = {
     "batch.done": ("本次评分 {graded} 份，沿用已有结果 {reused} 份，清理临时文件 {swept} 个，用时 {seconds:.1f} 秒。成绩表：{csv}",
                    "Graded {graded}, reused {reused} up-to-date results, swept {swept} temporary files, in {seconds:.1f} s. Gradebook: {csv}"),
     "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; {gpus} are visible."),
+    # --- bench (integrations/bench.py)
+    "bench.header": ("{function} 与 dist.{baseline} 的计时：普通 gloo 进程组（不经过评分器的观测层，不计观测开销）；algbw = S/t，busbw = algbw × 2(N-1)/N（nccl-tests 的定义）",
+                     "{function} against dist.{baseline}, timed on a plain gloo process group (not through the grader's observed backend: no observation cost); algbw = S/t, busbw = algbw x 2(N-1)/N (the nccl-tests definitions)"),
+    "bench.error": ("  出错（进程数 {error}）", "  failed (world size {error})"),
+    "bench.plot": ("图已写入 {path}（用时 {seconds:.1f} 秒）", "Plot written to {path} ({seconds:.1f} s)"),
+    "bench.none": ("练习 {name} 没有可计时的函数（或提交无法读取）。", "Exercise {name} declares no function to time (or the submission cannot be read)."),
     # --- list
     "list.header": ("练习（括号内为总分与可见的进程数；隐藏测试的进程数不显示）：", "Exercises (total points and visible world sizes; hidden world sizes are not shown):"),
     "list.row": ("  {name}：{title}（{points:g} 分；可见进程数 {visible}）", "  {name}: {title} ({points:g} points; visible world sizes {visible})"),
