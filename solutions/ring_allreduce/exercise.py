@@ -41,7 +41,8 @@ TENSOR = Quantity("tensor", local=local, combine="sum", through=("send", "recv")
                   label=("求和后的张量 tensor", "the summed tensor"))
 
 RING = {"pattern": "ring"}
-TRAFFIC = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
+TRAFFIC = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce",
+           "function": "ring_all_reduce"}   # what `python -m grader bench` times against dist.all_reduce
 
 
 def _runtime(ws: int, hidden: bool) -> tuple[Check, ...]:
