@@ -116,7 +116,7 @@ def plot(result: dict, path: Path) -> Path:
 
 
 def notebook(exercise: str, *, sizes=QUICK, world_sizes=(2,), lang: str | None = None):
-    """The bench of this kernel's code (nbcheck.kernel_program), its table printed and its plot inline."""
+    """The bench of this kernel's code (nbcheck.kernel_program): its table printed, its plot shown inline."""
     from IPython.display import Image, display
     from . import nbcheck
     source, _ = nbcheck.kernel_program()
@@ -124,9 +124,9 @@ def notebook(exercise: str, *, sizes=QUICK, world_sizes=(2,), lang: str | None =
     result = run_bench(loader.from_source(source, nbcheck.FILENAME), chosen, sizes=sizes, world_sizes=world_sizes)
     print(table(result, nbcheck.language(lang)), end="")
     if result["rows"]:
-        path = Path.cwd() / f"{exercise}_bench.png"
-        display(Image(filename=str(plot(result, path))))
-    return result
+        import tempfile
+        with tempfile.TemporaryDirectory() as folder:
+            display(Image(data=plot(result, Path(folder) / "bench.png").read_bytes()))
 
 
 def cmd_bench(args) -> int:
