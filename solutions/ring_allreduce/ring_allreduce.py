@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-LENGTH = 1031   # 不能被 2、3、4、5 整除：块的大小不一定相等 / divisible by none of 2..5: chunks differ in size
+LENGTH = 1031   # 质数：块的大小一般不相等 / prime: chunks generally differ in size
 
 
 def ring_all_reduce(tensor, rank, world_size):
