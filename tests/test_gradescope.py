@@ -16,7 +16,8 @@ from conftest import FIXTURES, PY, run_cli
 
 def build_root(tmp_path: Path) -> Path:
     """A temporary autograder root laid out as Gradescope does: source/ (the unpacked zip), submission/."""
-    proc = run_cli("gradescope-zip", "--out", str(tmp_path / "autograder.zip"), "--lang", "en", "--time-limit", "10")
+    proc = run_cli("gradescope-zip", "--exercise", "dist_primitives", "--out", str(tmp_path / "autograder.zip"), "--lang", "en",
+                   "--time-limit", "10")
     assert proc.returncode == 0, proc.stderr
     root = tmp_path / "autograder"
     with zipfile.ZipFile(tmp_path / "autograder.zip") as zf:
@@ -48,14 +49,14 @@ def run_autograder(root: Path, python: str) -> dict:
 
 
 def test_setup_installs_torch_cpu_numpy_and_the_grader(tmp_path):
-    proc = run_cli("gradescope-zip", "--out", str(tmp_path / "a.zip"))
+    proc = run_cli("gradescope-zip", "--exercise", "dist_primitives", "--out", str(tmp_path / "a.zip"))
     assert proc.returncode == 0, proc.stderr
     with zipfile.ZipFile(tmp_path / "a.zip") as zf:
         setup = zf.read("setup.sh").decode()
         first = zf.read("run_autograder")
     assert "torch==2.13.0" in setup and "download.pytorch.org/whl/cpu" in setup and "numpy" in setup
     assert "pip install -q --no-deps ." in setup
-    run_cli("gradescope-zip", "--out", str(tmp_path / "b.zip"))
+    run_cli("gradescope-zip", "--exercise", "dist_primitives", "--out", str(tmp_path / "b.zip"))
     assert (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()   # reproducible
     assert b'ROOT="${AUTOGRADER_ROOT:-/autograder}"' in first and b"$ROOT/submission" in first
 
