@@ -22,7 +22,7 @@ import pytest
 from nbclient import NotebookClient
 from nbgrader.api import Gradebook
 
-from grader.checks import CHECKS
+from grader.exercise import registry
 from grader.model import CheckResult, Outcome
 from grader.feedback.render import title
 
@@ -33,6 +33,7 @@ CLASS = FIXTURES / "notebooks" / "class"
 RELEASE = ROOT / "assignments" / A / f"{A}.ipynb"
 EXPECTED = {"alice": 100.0, "bob": 70.0, "carol": 10.0, "dave": 55.0}
 HIDDEN_IDS = ("ws3.all_reduce", "ws3.all_gather", "ws4.all_reduce", "ws4.all_gather")
+CHECKS = registry.get(A).checks
 
 
 def course_env(course: Path) -> dict:
