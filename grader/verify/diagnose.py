@@ -333,7 +333,8 @@ def blocked_in_send(run: RunOutcome) -> Note | None:
     return None
 
 
-def _global_peer(call: Call, peer: int | None) -> int | None:
+def global_peer(call: Call, peer: int | None) -> int | None:
+    """A call's peer (a rank of its group) as a global rank."""
     if peer is None:
         return None
     return call.group[peer] if call.group and 0 <= peer < len(call.group) else peer
@@ -348,12 +349,12 @@ def oversized_message(run: RunOutcome) -> Note | None:
         for call in rec.calls:
             if call.op != "recv" or call.completed or call.peer is None:
                 continue
-            peer = _global_peer(call, call.peer)
+            peer = global_peer(call, call.peer)
             if peer is None or not 0 <= peer < len(run.ranks):
                 continue
-            mine = [c for c in rec.calls if c.op == "recv" and c.tag == call.tag and _global_peer(c, c.peer) == peer]
+            mine = [c for c in rec.calls if c.op == "recv" and c.tag == call.tag and global_peer(c, c.peer) == peer]
             theirs = [c for c in run.ranks[peer].calls if c.op == "send" and c.tag == call.tag
-                      and _global_peer(c, c.peer) == rec.rank]
+                      and global_peer(c, c.peer) == rec.rank]
             k = mine.index(call)
             room = sum(int(d.get("numel") or 0) for d in call.outputs or [])
             if k < len(theirs) and theirs[k].sent_numel > room:
@@ -366,17 +367,16 @@ def unmatched_receive(run: RunOutcome) -> Note | None:
     receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""
     if run.stop != "deadlock":
         return None
-    group = lambda c, r: (c.group[r] if c.group and r is not None and 0 <= r < len(c.group) else r)  # noqa: E731
     for rec in run.ranks:
         for call in rec.calls:
             if call.op != "recv" or call.completed or call.peer is None:
                 continue
-            peer = group(call, call.peer)
+            peer = global_peer(call, call.peer)
             if not 0 <= peer < len(run.ranks):
                 continue
             sends = [c for c in run.ranks[peer].calls if c.op == "send"]
-            if not any(group(c, c.peer) == rec.rank for c in sends):
-                to = sorted({group(c, c.peer) for c in sends} - {None})
+            if not any(global_peer(c, c.peer) == rec.rank for c in sends):
+                to = sorted({global_peer(c, c.peer) for c in sends} - {None})
                 return Note("cause.p2p_unmatched", {"rank": rec.rank, "peer": peer, "to": [str(t) for t in to] or ["-"]})
     return None
 

@@ -26,6 +26,7 @@ from ..exercise.spec import Check
 from ..model import CheckResult, Note, Outcome
 from ..processes.protocol import element_size
 from ..processes.runner import RunOutcome
+from .diagnose import global_peer
 
 
 @dataclass
@@ -41,13 +42,6 @@ class RankTraffic:
     frm: list = field(default_factory=list)     # global ranks received from, sorted
 
 
-def _global(call, group_rank):
-    if group_rank is None:
-        return None
-    group = call.group or ()
-    return group[group_rank] if group and 0 <= group_rank < len(group) else group_rank
-
-
 def measure(run: RunOutcome) -> list[RankTraffic]:
     """Per rank: sends and bytes sent (what it handed to send, isend, P2POp), completed receives and bytes
     delivered, and the peers of both."""
@@ -59,8 +53,8 @@ def measure(run: RunOutcome) -> list[RankTraffic]:
         t.sends, t.sizes = len(sends), [c.sent_bytes for c in sends]
         t.sent = sum(t.sizes)
         t.recvs, t.received = len(recvs), sum(c.delivered_bytes for c in recvs)
-        t.to = sorted({p for c in sends if (p := _global(c, c.peer)) is not None})
-        t.frm = sorted({p for c in recvs if (p := _global(c, c.peer if c.peer is not None else c.source)) is not None})
+        t.to = sorted({p for c in sends if (p := global_peer(c, c.peer)) is not None})
+        t.frm = sorted({p for c in recvs if (p := global_peer(c, c.peer if c.peer is not None else c.source)) is not None})
         out.append(t)
     return out
 
