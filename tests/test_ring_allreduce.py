@@ -15,6 +15,7 @@ import nbformat
 import pytest
 
 from conftest import FIXTURES, ROOT, outcomes, run_cli
+from grader.exercise import registry
 from grader.feedback.messages import render
 from grader.integrations.release import clear_solutions
 
@@ -23,6 +24,7 @@ FIX = FIXTURES / EX
 SOLUTION = ROOT / "solutions" / EX / f"{EX}.py"
 CHECK_IDS = ["static.p2p_only", "ws2.p2p_only"] + [f"ws{ws}.{k}" for ws in (2, 3, 4, 5) for k in ("values", "ring", "traffic")]
 CJK = re.compile(r"[\u4e00-\u9fff]")
+registry.get(EX)   # loads the exercise's own messages into the catalog
 
 
 def batch(folder: str, tmp_path_factory) -> dict:
@@ -250,3 +252,46 @@ def test_nbgrader_round_trip(tmp_path):
         assert not re.search(r"ws[345]\.", html), student     # no hidden check id, no hidden world size
     ben = (course / "feedback" / "ben" / EX / f"{EX}.html").read_text(encoding="utf-8")
     assert "a gather to one rank, not a ring" in ben and "3 × S" not in ben
+
+
+def test_traffic_rules_on_synthetic_exchanges():
+    """verify/traffic.py on hand-made per-rank traffic (no processes): shape and volume causes."""
+    from grader.verify.traffic import RankTraffic, shape_causes, volume_causes
+
+    def ring(n, d, sizes=None):
+        sizes = sizes or [100] * 2 * (n - 1)
+        return [RankTraffic(r, sends=len(sizes), sent=sum(sizes), sizes=sizes, recvs=len(sizes), received=sum(sizes),
+                            to=[(r + d) % n], frm=[(r - d) % n]) for r in range(n)]
+
+    def keys(notes):
+        return [n.key for n in notes]
+
+    for n in (2, 3, 5):
+        for d in (1, -1):
+            assert shape_causes(ring(n, d), n, 400) == []
+    mixed = ring(4, 1)
+    mixed[2].to, mixed[2].frm = [1], [3]
+    assert keys(shape_causes(mixed, 4, 400)) == ["cause.traffic_direction"]
+    skip = ring(4, 1)
+    for t in skip:
+        t.to = [(t.rank + 2) % 4]
+    assert keys(shape_causes(skip, 4, 400)) == ["cause.traffic_not_neighbour"]
+    same = ring(3, 1)
+    for t in same:
+        t.frm = [(t.rank + 1) % 3]
+    assert keys(shape_causes(same, 3, 400)) == ["cause.traffic_same_side"]
+    star = [RankTraffic(0, 3, 1200, [400] * 3, 3, 1200, [1, 2, 3], [1, 2, 3])] + \
+           [RankTraffic(r, 1, 400, [400], 1, 400, [0], [0]) for r in (1, 2, 3)]
+    (gather,) = shape_causes(star, 4, 400)
+    assert gather.key == "cause.traffic_gather" and gather.params == {"rank": 0, "k": "3", "m": 3}
+    assert keys(shape_causes([RankTraffic(0), *ring(2, 1)[1:]], 2, 400)) == ["cause.traffic_none"]
+
+    params = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
+    # S = 1031 float32: chunks of 258 and 257 elements; 6 sends of the larger still fit (one element each)
+    assert volume_causes(ring(4, 1, [258 * 4] * 6), params, 4, 4124, 4) == []
+    over = volume_causes(ring(4, 1, [259 * 4] * 6), params, 4, 4124, 4)
+    assert keys(over) == ["cause.traffic_bytes"] and over[0].params["bound"] == 6186 + 24
+    whole = volume_causes(ring(3, 1, [4124] * 4), params, 3, 4124, 4)
+    assert keys(whole) == ["cause.traffic_whole"] and whole[0].params["k"] == "4"
+    few = volume_causes(ring(3, 1, [4124] * 2), params, 3, 4124, 4)
+    assert keys(few) == ["cause.traffic_sends", "cause.traffic_whole"] and few[0].params["count"] == 2
