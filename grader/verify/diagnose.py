@@ -182,8 +182,8 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
                 notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
             elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
                 notes.append(Note("cause.floor_division", {**label}))
-        if quantity.local is not None and not quantity.uses_context and all_close(data, quantity.local_array(rank, ws), value.dtype) \
-                and not all_close(data, expected, value.dtype):
+        if quantity.local is not None and not quantity.uses_context and calls and all_close(data, quantity.local_array(rank, ws), value.dtype) \
+                and not all_close(data, expected, value.dtype):   # (no operation at all: nothing whose result went unused)
             notes.append(Note("cause.unchanged", {**label, "op": op_name(calls[0]) if calls else "-"}))
         k = _hardcoded(quantity, data, ws, value.dtype, source)
         if k is not None:

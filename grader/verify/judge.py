@@ -266,9 +266,9 @@ class Judge:
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         for op in sorted(wanted):
-            if op in ("send", "recv"):
-                continue
-            if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
+            # a collective on every rank; a point-to-point operation on some rank (a root may only receive)
+            every = any if op in ("send", "recv") else all
+            if not every(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
                 notes.append(Note("fail.op_not_used", {"op": op}))
         if notes:
             return CheckResult(check, Outcome.WRONG, notes=notes)
