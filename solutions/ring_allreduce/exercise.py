@@ -8,7 +8,7 @@ is divisible by none of the world sizes tried, so chunks are uneven.
 
 Points (100):
   static 10     run_worker reaches send/recv and no collective (the chapter's ring, not dist.all_reduce)
-  runtime 10    no collective ran (world size 2)
+  runtime 10    send/recv used and no collective ran (world size 2)
   per world size, 20 = values 10 + ring 5 + traffic 5; world size 2 is visible, 3, 4 and 5 are hidden:
     values      the sum, right on every rank and derived from what the other ranks sent (provenance)
     ring        each rank sends only to one neighbour and receives only from the other, the same way
@@ -140,7 +140,8 @@ EXERCISE = Exercise(
         Check("static.p2p_only", "static", 10, ("静态检查：只用点对点通信（send/recv），不用集合通信",
                                                 "Static: point-to-point operations (send/recv) only, no collective"),
               op="send", forbid=COLLECTIVES),
-        Check("ws2.p2p_only", "uses", 10, ("运行时没有调用任何集合通信（{ws} 个进程）", "No collective ran ({ws} ranks)"),
+        Check("ws2.p2p_only", "uses", 10, ("运行时：用了 send/recv，没有调用任何集合通信（{ws} 个进程）",
+                                           "Run time: send/recv used, no collective ({ws} ranks)"),
               world_size=2, forbid=COLLECTIVES),
         *(c for ws in VISIBLE for c in _runtime(ws, hidden=False)),
         *(c for ws in HIDDEN for c in _runtime(ws, hidden=True)),
