@@ -266,9 +266,11 @@ class Judge:
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         for op in sorted(wanted):
-            # a collective on every rank; a point-to-point operation on some rank (a root may only receive)
-            every = any if op in ("send", "recv") else all
-            if not every(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
+            if op in ("send", "recv"):   # called on some rank (a root may only receive; a deadlock still used it)
+                if not any(c.op == op for rec in run.ranks for c in rec.calls):
+                    notes.append(Note("fail.op_not_used", {"op": op}))
+                continue
+            if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
                 notes.append(Note("fail.op_not_used", {"op": op}))
         if notes:
             return CheckResult(check, Outcome.WRONG, notes=notes)
