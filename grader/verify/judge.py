@@ -265,11 +265,12 @@ class Judge:
                 notes += score.forbidden_causes(self.exercise)
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
-        for op in sorted(wanted):
-            if op in ("send", "recv"):   # called on some rank (a root may only receive; a deadlock still used it)
-                if not any(c.op == op for rec in run.ranks for c in rec.calls):
-                    notes.append(Note("fail.op_not_used", {"op": op}))
-                continue
+        p2p = wanted & {"send", "recv"}
+        # point-to-point: called at all, on some rank (a root may only receive; a rank blocked in its first
+        # send used send/recv all the same); a collective: completed on every rank
+        if p2p and not any(c.op in ("send", "recv") for rec in run.ranks for c in rec.calls):
+            notes.append(Note("fail.op_not_used", {"op": "/".join(sorted(p2p, reverse=True))}))
+        for op in sorted(wanted - p2p):
             if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
                 notes.append(Note("fail.op_not_used", {"op": op}))
         if notes:
