@@ -295,3 +295,11 @@ def test_traffic_rules_on_synthetic_exchanges():
     assert keys(whole) == ["cause.traffic_whole"] and whole[0].params["k"] == "4"
     few = volume_causes(ring(3, 1, [4124] * 2), params, 3, 4124, 4)
     assert keys(few) == ["cause.traffic_sends", "cause.traffic_whole"] and few[0].params["count"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_unchanged_stub_scores_zero():
+    proc = run_cli("check", str(ROOT / "assignments" / EX / f"{EX}.py"), "--lang", "en")
+    assert proc.returncode == 1
+    assert "Score: 0 / 40" in proc.stdout and "raised NotImplementedError" in proc.stdout
+    assert "send/recv was never used." in proc.stdout and "was not used" not in proc.stdout
