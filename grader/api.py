@@ -93,13 +93,14 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
                 Note("backend.nccl_unavailable", {"ws": check.world_size, "gpus": runner.gpus})]))
             continue
         result.checks.append(judge.evaluate(check, ws_runs))
+    judge.overrule_static(result.checks, runs)
     result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)
                    if run is not None]
     visible = exercise.visible_world_sizes
     if visible and visible[0] in runs:
         ws_runs = runs[visible[0]]
         shown = ws_runs.clean or ws_runs.perturbed[0]  # timings and volumes: either run will do
-        result.teaching = teaching_notes(shown) + exercise_notes(exercise, shown)
+        result.teaching = teaching_notes(shown, exercise) + exercise_notes(exercise, shown)
         if ws_runs.clean is not None:
             result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in ws_runs.clean.ranks
                               if rec.output_total]

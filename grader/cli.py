@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import api
 from .exercise import registry
-from .integrations import batch, gradescope
+from .integrations import batch, bench, gradescope
 from .feedback.messages import default_lang, render
 from .feedback.report import text_report
 from .feedback.results import failed_results, write_atomic, write_results
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", help="where to write results.json (Gradescope schema)")
     _common(p)
     p.set_defaults(func=cmd_grade)
-    for register in (batch.register, gradescope.register):
+    for register in (batch.register, gradescope.register, bench.register):
         register(sub, _common)
     return parser
 

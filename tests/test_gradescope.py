@@ -14,9 +14,9 @@ import pytest
 from conftest import FIXTURES, PY, run_cli
 
 
-def build_root(tmp_path: Path) -> Path:
+def build_root(tmp_path: Path, exercise: str = "dist_primitives") -> Path:
     """A temporary autograder root laid out as Gradescope does: source/ (the unpacked zip), submission/."""
-    proc = run_cli("gradescope-zip", "--exercise", "dist_primitives", "--out", str(tmp_path / "autograder.zip"), "--lang", "en",
+    proc = run_cli("gradescope-zip", "--exercise", exercise, "--out", str(tmp_path / "autograder.zip"), "--lang", "en",
                    "--time-limit", "10")
     assert proc.returncode == 0, proc.stderr
     root = tmp_path / "autograder"

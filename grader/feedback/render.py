@@ -17,8 +17,11 @@ HINTS = {
 }
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.
-SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce"}
-HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden"}
+SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce", "formula"}   # formula: "2(N-1)/N x S", never a number
+HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden",
+                   "cause.p2p_unmatched": "cause.p2p_unmatched_generic", "cause.p2p_too_long": "cause.p2p_too_long_generic",
+                   **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"
+                      for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole")}}
 
 
 def note(n: Note, lang: str) -> str:
@@ -40,7 +43,8 @@ def title(result: CheckResult, lang: str, checks=None) -> str:
         text = words(check.title, lang)
     if not check.hidden:
         return text
-    hidden = [c for c in (checks or [check]) if c.hidden and c.kind == check.kind and c.quantity == check.quantity]
+    hidden = [c for c in (checks or [check]) if c.hidden and c.kind == check.kind and c.quantity == check.quantity
+              and c.title == check.title]
     n = hidden.index(check) + 1 if check in hidden else 1
     return render("title.hidden", {"n": n, "what": text}, lang)
 

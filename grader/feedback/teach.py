@@ -32,7 +32,8 @@ def _size(call, n: int) -> int:
     return sum(int(d.get("numel") or 0) * element_size(d.get("dtype")) for d in descs or [])
 
 
-def teaching_notes(run: RunOutcome) -> list[Note]:
+def teaching_notes(run: RunOutcome, exercise=None) -> list[Note]:
+    """`exercise`: when it declares traffic checks, the bound they declare follows the per-rank lines."""
     n = run.request.world_size
     notes = [Note("teach.header", {"ws": n, "backend": run.request.backend})]
     for rec in run.ranks:
@@ -51,6 +52,9 @@ def teaching_notes(run: RunOutcome) -> list[Note]:
                                             "to": _peers(sends), "recvs": len(recvs),
                                             "received": sum(c.delivered_bytes for c in recvs),
                                             "frm": _peers(recvs)}))
+    if exercise is not None and len(notes) > 1:
+        from ..verify.traffic import teaching
+        notes += teaching(run, exercise)
     return notes if len(notes) > 1 else []
 
 

@@ -66,6 +66,7 @@ class RunRequest:
     perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data is perturbed
     label: str = ""
     preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (static.imports)
+    mode: str = ""                        # "": grade; "bench:<json options>": time `entry` (bench_rank.py)
 
     def perturbs(self, op: str) -> bool:
         return op in self.perturb
@@ -342,7 +343,7 @@ class Runner:
                 os.set_blocking(fd, False)
             spec = {"rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
-                    "backend": request.backend, "perturb": bool(request.perturb),
+                    "backend": request.backend, "perturb": bool(request.perturb), "mode": request.mode,
                     "store": store, "timeout": self.limits.wall_s}
             run.pending[spec_w] = memoryview((json.dumps(spec) + "\n").encode())
             run.spec_fd[r] = spec_w

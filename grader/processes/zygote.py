@@ -116,6 +116,7 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: in
             else:
                 report["code"] = os.WEXITSTATUS(status)
             os.write(status_fd, (json.dumps(report) + "\n").encode())
+    del store    # held until every rank has ended
     os._exit(0)  # as pid 1, this takes every leftover process of the run with it
 
 

@@ -183,8 +183,8 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
                 notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
             elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
                 notes.append(Note("cause.floor_division", {**label}))
-        if quantity.local is not None and not quantity.uses_context and all_close(data, quantity.local_array(rank, ws), value.dtype) \
-                and not all_close(data, expected, value.dtype):
+        if quantity.local is not None and not quantity.uses_context and calls and all_close(data, quantity.local_array(rank, ws), value.dtype) \
+                and not all_close(data, expected, value.dtype):   # (no operation at all: nothing whose result went unused)
             notes.append(Note("cause.unchanged", {**label, "op": op_name(calls[0]) if calls else "-"}))
         k = _hardcoded(quantity, data, ws, value.dtype, source)
         if k is not None and not any(n.key == "cause.summed_not_averaged" for n in notes):
@@ -216,7 +216,7 @@ def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecor
     if exercise.diagnose is None:
         return []
     context = {"calls": record.calls, "value": value, "outcome": outcome.value,
-               "error": (record.result or {}).get("error")}
+               "error": (record.result or {}).get("error"), "returned": (record.result or {}).get("how") == "return"}
     try:
         extra = exercise.diagnose(quantity.name, value.data, ws, record.rank, context) or []
     except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
@@ -225,9 +225,12 @@ def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecor
 
 
 def forbidden_words(exercise, op: str, name: str) -> list[Note]:
-    """The exercise's own reason for not allowing `op` (its message `cause.forbidden_<op>`), if it gives one."""
-    key = f"cause.forbidden_{op}"
-    return [Note(f"{exercise.name}.{key}", {"op": name})] if key in (exercise.messages or {}) else []
+    """The exercise's own reason for not allowing `op` (its message `cause.forbidden_<op>`, else
+    `cause.forbidden` for every operation it forbids), if it gives one."""
+    for key in (f"cause.forbidden_{op}", "cause.forbidden"):
+        if key in (exercise.messages or {}):
+            return [Note(f"{exercise.name}.{key}", {"op": name})]
+    return []
 
 
 def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]) -> list[Note]:
@@ -366,8 +369,57 @@ def blocked_in_send(run: RunOutcome) -> Note | None:
     if run.stop != "deadlock":
         return None
     waiting = [rec.inside for rec in run.ranks if not rec.finished]
-    if waiting and all(call is not None and call.op == "send" for call in waiting):
+    posted = any(c.op == "recv" and not c.completed for rec in run.ranks for c in rec.calls)
+    if waiting and all(call is not None and call.op == "send" for call in waiting) and not posted:
         return Note("cause.all_blocked_in_send", {})
+    return None
+
+
+def global_peer(call: Call, peer: int | None) -> int | None:
+    """A call's peer (a rank of its group) as a global rank."""
+    if peer is None:
+        return None
+    return call.group[peer] if call.group and 0 <= peer < len(call.group) else peer
+
+
+def oversized_message(run: RunOutcome) -> Note | None:
+    """A rank aborted (SIGABRT) while receiving a message longer than its buffer: gloo kills the receiver,
+    no Python exception. The k-th receive from a peer (and tag) gets the peer's k-th send to this rank."""
+    for rec in run.ranks:
+        if (rec.exit or {}).get("signal") != signal.SIGABRT:
+            continue
+        for call in rec.calls:
+            if call.op != "recv" or call.completed or call.peer is None:
+                continue
+            peer = global_peer(call, call.peer)
+            if peer is None or not 0 <= peer < len(run.ranks):
+                continue
+            mine = [c for c in rec.calls if c.op == "recv" and c.tag == call.tag and global_peer(c, c.peer) == peer]
+            theirs = [c for c in run.ranks[peer].calls if c.op == "send" and c.tag == call.tag
+                      and global_peer(c, c.peer) == rec.rank]
+            k = mine.index(call)
+            room = sum(int(d.get("numel") or 0) for d in call.outputs or [])
+            if k < len(theirs) and theirs[k].sent_numel > room:
+                return Note("cause.p2p_too_long", {"rank": rec.rank, "peer": peer, "sent": theirs[k].sent_numel, "room": room})
+    return None
+
+
+def unmatched_receive(run: RunOutcome) -> Note | None:
+    """A deadlock where a rank waits to receive from a peer that never sends to it (a wrong neighbour):
+    receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""
+    if run.stop != "deadlock":
+        return None
+    for rec in run.ranks:
+        for call in rec.calls:
+            if call.op != "recv" or call.completed or call.peer is None:
+                continue
+            peer = global_peer(call, call.peer)
+            if not 0 <= peer < len(run.ranks):
+                continue
+            sends = [c for c in run.ranks[peer].calls if c.op == "send"]
+            if not any(global_peer(c, c.peer) == rec.rank for c in sends):
+                to = sorted({global_peer(c, c.peer) for c in sends} - {None})
+                return Note("cause.p2p_unmatched", {"rank": rec.rank, "peer": peer, "to": [str(t) for t in to] or ["-"]})
     return None
 
 

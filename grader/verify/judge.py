@@ -182,9 +182,9 @@ class Judge:
         mismatch = diagnose.mismatched_calls(run)
         if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
             notes.append(mismatch)
-        blocked = diagnose.blocked_in_send(run)
-        if blocked is not None:
-            notes.append(blocked)
+        for cause in (diagnose.blocked_in_send(run), diagnose.unmatched_receive(run), diagnose.oversized_message(run)):
+            if cause is not None:
+                notes.append(cause)
         for op in quantity.through:
             if diagnose.assigned_result(self.source, op):
                 notes.append(Note("cause.assigned_none", {"op": op}))
@@ -278,14 +278,31 @@ class Judge:
                 notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
-        for op in sorted(wanted):
-            if op in ("send", "recv"):
-                continue
+        p2p = wanted & {"send", "recv"}
+        # point-to-point: called at all, on some rank (a root may only receive; a rank blocked in its first
+        # send used send/recv all the same); a collective: completed on every rank
+        if p2p and not any(c.op in ("send", "recv") for rec in run.ranks for c in rec.calls):
+            notes.append(Note("fail.op_not_used", {"op": "/".join(sorted(p2p, reverse=True))}))
+        for op in sorted(wanted - p2p):
             if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
                 notes.append(Note("fail.op_not_used", {"op": op}))
         if notes:
             return CheckResult(check, Outcome.WRONG, notes=notes)
         return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
+
+    def overrule_static(self, results: list[CheckResult], runs: dict) -> None:
+        """A static check that found no forbidden operation in the text, contradicted by the runs (a name
+        built at run time, a group's own method): the operation ran, so the check fails after all."""
+        for i, result in enumerate(results):
+            spec = result.spec
+            if spec.kind != "static" or not spec.forbid or not result.passed:
+                continue
+            used = next((c for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed) if run is not None
+                         for record in run.ranks for c in record.calls if c.op in spec.forbid), None)
+            if used is not None:
+                results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
+                    Note("static.forbidden_at_run", {"op": diagnose.op_name(used), "line": used.line or "?"}),
+                    *diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))])
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
@@ -321,7 +338,7 @@ def _unique_causes(notes: list[Note]) -> list[Note]:
     """Each cause once, whichever ranks it came from (rank-specific notes stay as they are)."""
     out, seen = [], set()
     for note in notes:
-        if note.key.startswith(("cause.", "why.")):
+        if note.key.startswith(("cause.", "why.")) or ".cause." in note.key:  # the exercise's causes too
             marker = (note.key, tuple(sorted((k, str(v)) for k, v in note.params.items() if k not in ("rank", "line", "sent"))))
             if marker in seen:
                 continue

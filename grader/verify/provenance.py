@@ -28,6 +28,7 @@ from ..processes.protocol import Call
 from .observe import RunContext, RunView
 
 MAX_DEPTH = 12
+MAX_TIES = 4        # equally long delivered matches tried in turn when the first cannot be explained
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Tracer:
         self.through = set(quantity.through)
         self._pools: dict = {}
         self._divisor_cache: dict = {}
-        self.used: dict = {}             # (rank, seq, output) -> bool mask of delivered elements used
+        self.used: dict = {}             # (rank, seq, output) -> bool mask of delivered elements used (this frame)
         self.calls: list[Call] = []
 
     # -- the target: which ranks' data make element i, at which local index, with what weight
@@ -242,6 +243,7 @@ class Tracer:
             own = np.where(self.index[rank, I] >= 0,
                            self.locals[rank][np.clip(self.index[rank, I], 0, max(0, self.locals[rank].size - 1))], np.nan) \
                 if self.locals[rank].size else np.full(x.size, np.nan)
+            ties = []     # delivered candidates as long as the best one (data with repeated values match elsewhere too)
             for s, s_eff in self._scales(rank, before, depth == 0):
                 for c, kind in ((0.0, "delivered"), (1.0, "accumulate"), (2.0, "accumulate")):
                     shifted = x - c * own if c else x
@@ -253,6 +255,9 @@ class Tracer:
                         L = self._run_length(shifted, t, s, data, p, used)
                         if L and (best is None or L > best[0]):
                             best = (L, kind, (call, k, p, s, s_eff, c))
+                            ties = [best]
+                        elif L and best[1] != "local" and L == best[0] and len(ties) < MAX_TIES:
+                            ties.append((L, kind, (call, k, p, s, s_eff, c)))
             if best is None or best[0] < x.size - t:
                 summed = self._sum_of_deliveries(rank, x, I, t, pool)
                 if summed is not None and (best is None or summed[0] > best[0]):
@@ -277,15 +282,25 @@ class Tracer:
                 W[rank, t:t + L] += payload
                 t += L
                 continue
-            call, k, p, s, s_eff, c = payload
-            self.used[(call.rank, call.seq, k)][p:p + L] = True
-            if call not in self.calls:
-                self.calls.append(call)
+            first = None
+            for L, kind, payload in ties or [best]:   # the first whose sender's data is explained in turn
+                call, k, p, s, s_eff, c = payload
+                mask = self.used[(call.rank, call.seq, k)]
+                mask[p:p + L] = True
+                added = call not in self.calls
+                if added:
+                    self.calls.append(call)
+                sub = self._through(call, k, np.arange(p, p + L), I[t:t + L], depth)
+                if not isinstance(sub, Finding):
+                    break
+                mask[p:p + L] = False
+                if added:
+                    self.calls.remove(call)
+                first = first or sub
+            else:
+                return first
             if kind == "accumulate":
                 W[rank, t:t + L] += c
-            sub = self._through(call, k, np.arange(p, p + L), I[t:t + L], depth)
-            if isinstance(sub, Finding):
-                return sub
             W[:, t:t + L] += s_eff * sub
             t += L
         return W, None
@@ -339,7 +354,13 @@ class Tracer:
             mask = term.sent_positions >= 0
             sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
             pos = term.sent_positions[mask]
-            sub = self._explain(term.rank, sent[pos], I[mask], depth + 1, term.call.entered_at)
+            # A fresh "used" scope per sent vector: one delivered element counts once in the value being
+            # explained, but a rank may send what it received in several operations (forwarding).
+            saved, self.used = self.used, {}
+            try:
+                sub = self._explain(term.rank, sent[pos], I[mask], depth + 1, term.call.entered_at)
+            finally:
+                self.used = saved
             if isinstance(sub, Finding):
                 if sub.key == "not_delivered" and depth + 1 > 0:
                     return self._contribution(term, sent, pos, I[mask])

@@ -17,10 +17,11 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
                 words = forbidden_words(exercise, op, op)
                 out.append(CheckResult(check, Outcome.FORBIDDEN, 0, [Note("static.forbidden", {
                     "op": op, "lines": list(lines), "exercise": exercise.name}), *words]))
-            else:
+                continue
+            if not check.op:  # with an op as well, the check also needs that op reached (below)
                 out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.not_used", {
                     "ops": list(check.forbid)})]))
-            continue
+                continue
         lines = report.reached.get(check.op)
         if lines:
             out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.called", {

@@ -1,0 +1,305 @@
+"""The second exercise, ring all-reduce from send/recv, through every entry point.
+
+Fixtures under tests/fixtures/ring_allreduce/ are graded with ONE `batch` call per folder (honest, mistakes,
+cheats); the tests assert on the results.json files it writes. Also: `list`, `check`, the release, the
+notebook check and the nbgrader round trip (helpers of test_nbgrader_e2e), `gradescope-zip`, and `bench`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from conftest import FIXTURES, ROOT, outcomes, run_cli
+from grader.exercise import registry
+from grader.feedback.messages import render
+from grader.integrations.release import clear_solutions
+
+EX = "ring_allreduce"
+FIX = FIXTURES / EX
+SOLUTION = ROOT / "solutions" / EX / f"{EX}.py"
+CHECK_IDS = ["static.p2p_only", "ws2.p2p_only"] + [f"ws{ws}.{k}" for ws in (2, 3, 4, 5) for k in ("values", "ring", "traffic")]
+CJK = re.compile(r"[\u4e00-\u9fff]")
+registry.get(EX)   # loads the exercise's own messages into the catalog
+
+
+def batch(folder: str, tmp_path_factory) -> dict:
+    """{student: results.json} of one `batch` call over a fixture folder."""
+    out = tmp_path_factory.mktemp(folder)
+    proc = run_cli("batch", str(FIX / folder), "--out", str(out), "--exercise", EX, "--lang", "en", "--jobs", "2", timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in out.glob("*.json")}
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    return batch("honest", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory):
+    return batch("mistakes", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def cheats(tmp_path_factory):
+    return batch("cheats", tmp_path_factory)
+
+
+def causes(results: dict, check_id: str) -> list[str]:
+    return [c["key"] for c in results["extra_data"]["causes"].get(check_id, [])]
+
+
+def test_listed():
+    proc = run_cli("list", "--lang", "en")
+    assert proc.returncode == 0
+    assert "ring_allreduce: Ring all-reduce, built from send/recv (100 points; visible world sizes 2)" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# Honest styles: 100 each
+
+@pytest.mark.timeout(420)
+def test_honest_styles_score_100(honest):
+    names = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
+    assert len(names) >= 8 and sorted(honest) == names
+    for name, results in honest.items():
+        assert results["score"] == 100, (name, {k: v for k, v in outcomes(results).items() if v != "pass"})
+        assert sorted(outcomes(results)) == sorted(CHECK_IDS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Mistakes: exact scores, and each named (zh and en). (score, {check: causes it must name})
+
+MISTAKES = {
+    "m01_chunk_off_by_one": (20, {"ws2.values": ["ring_allreduce.cause.chunk_mixup"], "ws4.values": ["ring_allreduce.cause.chunk_mixup"],
+                                  "ws2.ring": ["cause.traffic_needs_value"]}),
+    "m02_no_all_gather": (20, {"ws2.values": ["ring_allreduce.cause.no_all_gather"], "ws5.values": ["ring_allreduce.cause.no_all_gather"]}),
+    "m03_only_divisible": (20, {"ws2.values": ["ring_allreduce.cause.uneven"], "ws3.values": ["ring_allreduce.cause.uneven"]}),
+    "m04_deadlock_send_first": (20, {"ws2.values": ["fail.deadlock_inside", "cause.all_blocked_in_send"],
+                                     "ws5.values": ["cause.all_blocked_in_send"]}),
+    "m05_gather_to_root": (65, {"ws2.traffic": ["cause.traffic_sends"], "ws4.ring": ["cause.traffic_gather"],
+                                "ws4.traffic": ["cause.traffic_sends", "cause.traffic_whole"]}),
+    "m06_own_chunk_twice": (20, {"ws2.values": ["ring_allreduce.cause.own_twice", "why.weights"]}),
+    "m07_wrong_neighbour": (40, {"ws3.values": ["cause.p2p_unmatched"], "ws5.values": ["cause.p2p_unmatched"]}),
+    "m08_whole_tensor_each_step": (80, {"ws2.traffic": ["cause.traffic_whole"], "ws5.traffic": ["cause.traffic_whole"]}),
+    "m09_pass_whole_around": (80, {"ws2.traffic": ["cause.traffic_sends"], "ws3.traffic": ["cause.traffic_sends", "cause.traffic_whole"]}),
+    "m10_recv_buffer_size": (20, {"ws2.values": ["cause.p2p_too_long"]}),
+}
+
+
+@pytest.mark.timeout(420)
+def test_mistakes_score_and_name_their_cause(mistakes):
+    assert sorted(mistakes) == sorted(MISTAKES) == sorted(p.stem for p in (FIX / "mistakes").glob("*.py"))
+    for name, (score, named) in MISTAKES.items():
+        results = mistakes[name]
+        assert results["score"] == score, (name, {k: v for k, v in outcomes(results).items() if v != "pass"})
+        for check_id, keys in named.items():
+            assert set(keys) <= set(causes(results, check_id)), (name, check_id, causes(results, check_id))
+            for key in keys:   # each cause has its own words in both languages
+                zh, en = render(key, {}, "zh"), render(key, {}, "en")
+                assert zh != key and en != key and zh != en and CJK.search(zh) and not CJK.search(en), key
+
+
+@pytest.mark.timeout(420)
+def test_wrong_traffic_keeps_the_value_points_and_names_the_figures(mistakes):
+    gather = mistakes["m05_gather_to_root"]
+    assert {k: v for k, v in outcomes(gather).items() if v != "pass"} == {
+        "ws2.traffic": "wrong", **{f"ws{ws}.{k}": "wrong" for ws in (3, 4, 5) for k in ("ring", "traffic")}}
+    texts = {c["key"]: c["text"] for c in gather["extra_data"]["causes"]["ws4.ring"]}
+    assert texts["cause.traffic_gather"] == "Cause: rank 0 received 3 × S from 3 ranks: a gather to one rank, not a ring."
+    whole = mistakes["m08_whole_tensor_each_step"]["extra_data"]["causes"]["ws2.traffic"][0]["text"]
+    assert "rank 0 sent the whole tensor at each of its 2 sends (8248 bytes = 2 × S)" in whole and "1 × S" in whole
+    # hidden checks show what went wrong, never a figure or a world size
+    hidden = next(t for t in gather["tests"] if t["name"].startswith("Hidden check 2: Ring all-reduce: a ring"))
+    assert "a gather to one rank, not a ring" in hidden["output"] and "3 × S" not in hidden["output"]
+
+
+@pytest.mark.timeout(420)
+def test_deadlock_lesson_in_a_hidden_check(mistakes):
+    results = mistakes["m04_deadlock_send_first"]
+    assert outcomes(results)["ws5.values"] == "deadlock"
+    hidden = [t for t in results["tests"] if t["name"].startswith("Hidden check") and "values" in t["name"]]
+    assert len(hidden) == 3
+    lesson = render("cause.all_blocked_in_send", {}, "en")
+    assert "every rank is blocked in send" in lesson and "Post the receive first (irecv)" in lesson and "rank parity" in lesson
+    assert all(lesson in t["output"] for t in hidden)
+    # a wrong neighbour also deadlocks, with receives posted: not the same lesson
+    wrong = mistakes["m07_wrong_neighbour"]
+    assert "cause.all_blocked_in_send" not in causes(wrong, "ws3.values")
+    assert outcomes(wrong)["ws2.values"] == "pass" and outcomes(wrong)["ws3.values"] == "deadlock"
+
+
+# ------------------------------------------------------------------------------------------------
+# Cheats: 0 on every check they fake
+
+CHEATS = {  # the checks each one fakes
+    "c01_collective_in_disguise": CHECK_IDS,
+    "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
+    "c03_local_answer_sent_around": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
+    "c04_collective_on_private_group": CHECK_IDS,
+}
+
+
+@pytest.mark.timeout(420)
+def test_cheats_score_0_on_what_they_fake(cheats):
+    assert sorted(cheats) == sorted(CHEATS) == sorted(p.stem for p in (FIX / "cheats").glob("*.py"))
+    for name, faked in CHEATS.items():
+        scores = {t["name"]: t["score"] for t in cheats[name]["tests"]}
+        assert len(scores) == len(CHECK_IDS)
+        assert all(v == "pass" for k, v in outcomes(cheats[name]).items() if k not in faked), name
+        assert [k for k in faked if outcomes(cheats[name])[k] == "pass"] == [], name
+    disguised = cheats["c01_collective_in_disguise"]
+    assert outcomes(disguised)["static.p2p_only"] == "forbidden"   # the text hides it, the run does not
+    assert "ring_allreduce.cause.forbidden" in causes(disguised, "ws2.p2p_only")
+    assert render("ring_allreduce.cause.forbidden", {}, "en").endswith("this exercise builds all-reduce from send/recv: no collective may be called.")
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points
+
+@pytest.mark.timeout(120)
+def test_check_reports_traffic_beside_the_ring_bound():
+    proc = run_cli("check", str(SOLUTION), "--lang", "en")
+    assert proc.returncode == 0, proc.stdout
+    assert "Score: 40 / 40" in proc.stdout
+    assert "rank 0: 2 sends, 4124 bytes (to rank 1); 2 receives, 4124 bytes (from rank 1)" in proc.stdout
+    assert "ring bound (2 ranks, S = 4124 bytes): each rank makes 2(N-1) = 2 sends, at most 4132 bytes" in proc.stdout
+    zh = run_cli("check", str(SOLUTION), "--lang", "zh")
+    assert "环形上限（2 个进程，S = 4124 字节）" in zh.stdout
+
+
+def test_student_versions_are_generated_from_the_solution():
+    released = ROOT / "assignments" / EX / f"{EX}.py"
+    assert released.read_text(encoding="utf-8") == clear_solutions(SOLUTION.read_text(encoding="utf-8"))
+    text = released.read_text(encoding="utf-8")
+    assert "raise NotImplementedError" in text and "tensor_split(n)" not in text
+    nb = nbformat.read(ROOT / "assignments" / EX / f"{EX}.ipynb", as_version=4)
+    sources = "\n".join(c.source for c in nb.cells)
+    assert "BEGIN SOLUTION" not in sources and "HIDDEN TESTS" not in sources and "ws3" not in sources
+
+
+@pytest.mark.timeout(150)
+def test_gradescope_zip_grades_the_ring(tmp_path):
+    from test_gradescope import build_root, run_autograder
+    from conftest import PY
+    root = build_root(tmp_path, EX)
+    assert (root / "source" / "solutions" / EX / "exercise.py").is_file()
+    assert not (root / "source" / "solutions" / EX / f"{EX}.py").exists()   # never the solution
+    shutil.copy(FIX / "mistakes" / "m05_gather_to_root.py", root / "submission" / "ring.py")
+    results = run_autograder(root, PY)
+    assert results["score"] == 65 and len(results["tests"]) == len(CHECK_IDS)
+
+
+@pytest.mark.timeout(120)
+def test_bench_times_the_ring_against_all_reduce(tmp_path):
+    png = tmp_path / "bench.png"
+    proc = run_cli("bench", str(SOLUTION), "--sizes", "2", "--max-ranks", "3", "--plot", str(png), "--lang", "en", timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "plain gloo process group" in proc.stdout and "busbw = algbw x 2(N-1)/N" in proc.stdout
+    rows = re.findall(r"^ ?(\d) +([\d.]+ KiB) +(\S+) +([\d.]+) +([\d.]+) +([\d.]+)$", proc.stdout, re.M)
+    assert {(ws, size, impl) for ws, size, impl, *_ in rows} == {
+        (ws, size, impl) for ws in "23" for size in ("4 KiB", "16 KiB") for impl in ("ring_all_reduce", "dist.all_reduce")}
+    for ws, size, impl, ms, algbw, busbw in rows:
+        n = int(ws)
+        assert float(ms) > 0
+        assert abs(float(busbw) - float(algbw) * 2 * (n - 1) / n) <= 0.0015 + 0.01 * float(busbw)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(480)
+def test_nbgrader_round_trip(tmp_path):
+    """generate_assignment (the committed release), a real kernel per student through autograde, feedback
+    and export: the report, the inline bench plot and the grade cells of the ring notebook."""
+    import csv
+    from test_nbgrader_e2e import cell, nbgrader, text_of
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy(ROOT / "nbgrader_config.py", course)
+    shutil.copytree(ROOT / "solutions" / EX, course / "solutions" / EX)
+    nbgrader(course, "generate_assignment", EX)
+    generated = course / "assignments" / EX / f"{EX}.ipynb"
+    committed = ROOT / "assignments" / EX / f"{EX}.ipynb"
+    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(committed.read_text(encoding="utf-8"))
+    expected = {"ada": ("honest/h02_batch_isend_irecv.py", 100.0), "ben": ("mistakes/m05_gather_to_root.py", 65.0)}
+    for student, (answer, _) in expected.items():
+        nb = nbformat.read(generated, as_version=4)
+        cell(nb, "ring_all_reduce").source = (FIX / answer).read_text(encoding="utf-8")
+        dest = course / "submitted" / student / EX / f"{EX}.ipynb"
+        dest.parent.mkdir(parents=True)
+        nbformat.write(nb, dest)
+    nbgrader(course, "autograde", EX, timeout=420)
+    nbgrader(course, "generate_feedback", EX)
+    nbgrader(course, "export")
+    with open(course / "grades.csv", newline="") as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    assert {s: float(rows[s]["score"]) for s in expected} == {s: score for s, (_, score) in expected.items()}
+    assert {float(rows[s]["max_score"]) for s in expected} == {100.0}
+
+    ada = nbformat.read(course / "autograded" / "ada" / EX / f"{EX}.ipynb", as_version=4)
+    report = text_of(next(c for c in ada.cells if 'nbcheck.report("ring_allreduce")' in c.source))
+    assert "Score: 40 / 40" in report and "ring bound (2 ranks, S = 4124 bytes)" in report
+    bench = next(c for c in ada.cells if 'bench.notebook("ring_allreduce")' in c.source)
+    assert any("image/png" in o.get("data", {}) for o in bench.outputs), text_of(bench)
+    assert "busbw" in text_of(bench)
+    for student in expected:
+        html = (course / "feedback" / student / EX / f"{EX}.html").read_text(encoding="utf-8")
+        assert "HIDDEN TESTS" not in html
+        assert not re.search(r"ws[345]\.", html), student     # no hidden check id, no hidden world size
+    ben = (course / "feedback" / "ben" / EX / f"{EX}.html").read_text(encoding="utf-8")
+    assert "a gather to one rank, not a ring" in ben and "3 × S" not in ben
+
+
+def test_traffic_rules_on_synthetic_exchanges():
+    """verify/traffic.py on hand-made per-rank traffic (no processes): shape and volume causes."""
+    from grader.verify.traffic import RankTraffic, shape_causes, volume_causes
+
+    def ring(n, d, sizes=None):
+        sizes = sizes or [100] * 2 * (n - 1)
+        return [RankTraffic(r, sends=len(sizes), sent=sum(sizes), sizes=sizes, recvs=len(sizes), received=sum(sizes),
+                            to=[(r + d) % n], frm=[(r - d) % n]) for r in range(n)]
+
+    def keys(notes):
+        return [n.key for n in notes]
+
+    for n in (2, 3, 5):
+        for d in (1, -1):
+            assert shape_causes(ring(n, d), n, 400) == []
+    mixed = ring(4, 1)
+    mixed[2].to, mixed[2].frm = [1], [3]
+    assert keys(shape_causes(mixed, 4, 400)) == ["cause.traffic_direction"]
+    skip = ring(4, 1)
+    for t in skip:
+        t.to = [(t.rank + 2) % 4]
+    assert keys(shape_causes(skip, 4, 400)) == ["cause.traffic_not_neighbour"]
+    same = ring(3, 1)
+    for t in same:
+        t.frm = [(t.rank + 1) % 3]
+    assert keys(shape_causes(same, 3, 400)) == ["cause.traffic_same_side"]
+    star = [RankTraffic(0, 3, 1200, [400] * 3, 3, 1200, [1, 2, 3], [1, 2, 3])] + \
+           [RankTraffic(r, 1, 400, [400], 1, 400, [0], [0]) for r in (1, 2, 3)]
+    (gather,) = shape_causes(star, 4, 400)
+    assert gather.key == "cause.traffic_gather" and gather.params == {"rank": 0, "k": "3", "m": 3}
+    assert keys(shape_causes([RankTraffic(0), *ring(2, 1)[1:]], 2, 400)) == ["cause.traffic_none"]
+
+    params = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
+    # S = 1031 float32: chunks of 258 and 257 elements; 6 sends of the larger still fit (one element each)
+    assert volume_causes(ring(4, 1, [258 * 4] * 6), params, 4, 4124, 4) == []
+    over = volume_causes(ring(4, 1, [259 * 4] * 6), params, 4, 4124, 4)
+    assert keys(over) == ["cause.traffic_bytes"] and over[0].params["bound"] == 6186 + 24
+    whole = volume_causes(ring(3, 1, [4124] * 4), params, 3, 4124, 4)
+    assert keys(whole) == ["cause.traffic_whole"] and whole[0].params["k"] == "4"
+    few = volume_causes(ring(3, 1, [4124] * 2), params, 3, 4124, 4)
+    assert keys(few) == ["cause.traffic_sends", "cause.traffic_whole"] and few[0].params["count"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_unchanged_stub_scores_zero():
+    proc = run_cli("check", str(ROOT / "assignments" / EX / f"{EX}.py"), "--lang", "en")
+    assert proc.returncode == 1
+    assert "Score: 0 / 40" in proc.stdout and "raised NotImplementedError" in proc.stdout
+    assert "send/recv was never used." in proc.stdout and "was not used" not in proc.stdout
