@@ -142,6 +142,7 @@ CHEATS = {  # the checks each one fakes
     "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
     "c03_local_answer_sent_around": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
     "c04_collective_on_private_group": CHECK_IDS,
+    "c05_inner_gloo_group": CHECK_IDS,   # reaches past the observed layer: gloo's own numbering shows it
 }
 
 
@@ -153,6 +154,8 @@ def test_cheats_score_0_on_what_they_fake(cheats):
         assert len(scores) == len(CHECK_IDS)
         assert all(v == "pass" for k, v in outcomes(cheats[name]).items() if k not in faked), name
         assert [k for k in faked if outcomes(cheats[name])[k] == "pass"] == [], name
+    inner = cheats["c05_inner_gloo_group"]
+    assert "fail.unobserved_ops" in causes(inner, "ws2.p2p_only")
     disguised = cheats["c01_collective_in_disguise"]
     assert outcomes(disguised)["static.p2p_only"] == "forbidden"   # the text hides it, the run does not
     assert "ring_allreduce.cause.forbidden" in causes(disguised, "ws2.p2p_only")

@@ -87,6 +87,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "fail.async_no_wait": ("进程 {rank}：{op} 用 async_op=True 发起后没有调用 wait()，读到的 {quantity} 不可靠（这次碰巧是对的也不算）。请先 work.wait() 再使用结果。",
                            "Rank {rank}: {op} was started with async_op=True and never waited on, so reading {quantity} is a race (right by luck does not count). Call work.wait() before using the result."),
     "fail.forbidden_op": ("进程 {rank} 调用了本练习不允许的 {op}（第 {line} 行）。", "Rank {rank} called {op} (line {line}), which this exercise does not allow."),
+    "fail.unobserved_ops": ("进程 {rank} 绕过了评分器的进程组，直接使用了它内部的后端（{count} 次通信未被观察到）。",
+                            "Rank {rank} reached past the grader's process group to the backend inside it ({count} operations the grader could not observe)."),
     "fail.op_not_used": ("没有用到 {op}。", "{op} was never used."),
     # --- what is wrong with a value
     "detail.not_tensor": ("进程 {rank}：{quantity} 不是 torch.Tensor。", "Rank {rank}: {quantity} is not a torch.Tensor."),

@@ -312,7 +312,7 @@ def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
                                      reporter.budget)
     except BaseException as err:  # noqa: BLE001  (an odd returned object: the student's, never the grader's)
         values, source = {n: protocol.unreadable(err) for n in names}, "return"
-    channel.send(t="result", how=how, error=error, values=values, source=source,
+    channel.send(t="result", how=how, error=error, values=values, source=source, unobserved=backend.unobserved(),
                  returned_type=protocol.type_name(returned))
 
 

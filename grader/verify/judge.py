@@ -277,6 +277,9 @@ class Judge:
                                                         "line": used.line or "?"}))
                 notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
                 break
+        hidden = next((rec for rec in run.ranks if int((rec.result or {}).get("unobserved") or 0) > 0), None)
+        if hidden is not None:   # reached past the observed layer, to the real group inside it
+            notes.append(Note("fail.unobserved_ops", {"rank": hidden.rank, "count": int(hidden.result["unobserved"])}))
         wanted = {op for q in self.exercise.quantities for op in q.through}
         p2p = wanted & {"send", "recv"}
         # point-to-point: called at all, on some rank (a root may only receive; a rank blocked in its first
