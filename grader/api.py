@@ -44,7 +44,9 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
     try:
         chosen = exercise if isinstance(exercise, Exercise) else choose_exercise(submission, exercise, exercises_dir)
     except registry.ExerciseError as err:
-        result = GradingResult(submission.filename, [], summary=[Note(err.key, err.params)])
+        # nothing to grade either way: the submission's own problem is the news, else which exercise
+        note = Note(submission.problem.key, submission.problem.params) if submission.problem else Note(err.key, err.params)
+        result = GradingResult(submission.filename, [], summary=[note])
         result.execution_time = time.monotonic() - started
         return result
     checks = list(chosen.selected(include_hidden))

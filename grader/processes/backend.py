@@ -330,14 +330,18 @@ class GraderProcessGroup(dist.ProcessGroup):
                 new_args[index] = _rebuild(args[index], [t.view(-1) for t in role] if flat else list(role))
         started = time.perf_counter()
         try:
-            if real is self._cpu:
-                self._issued += 1
+            before = self._seq() if real is self._cpu else None
             inner = getattr(real, method.backend or method_name)(*new_args)
+            if before is not None:   # gloo numbers its operations as they are enqueued (one call may be several)
+                self._issued += self._seq() - before
         except BaseException as err:
             self._complete(work, receives, student_out, private_out, err, None, started, reporter)
             raise
         self._watch(inner, work, receives, student_out, private_out, started, reporter)
         return work
+
+    def _seq(self) -> int:
+        return int(self._cpu._get_sequence_number_for_group())
 
     def _real_for(self, tensors: list):
         if self._cuda is not None and any(t.is_cuda for t in tensors):

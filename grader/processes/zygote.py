@@ -36,7 +36,8 @@ from . import sandbox, seccomp
 # (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
 # grader imports of the exercise's notebooks.)
 PRELOAD = ("grader.processes.rank", "grader.processes.sandbox", "grader.processes.seccomp",
-           "grader.submission.static", "grader.verify.perturb", "grader.integrations.nbcheck")
+           "grader.submission.static", "grader.verify.perturb", "grader.integrations.nbcheck",
+           "grader.integrations.bench")  # the notebooks import these two: ranks load a notebook's imports
 for _name in PRELOAD:
     importlib.import_module(_name)
 CHECKOUT = str(Path(__file__).resolve().parents[2])

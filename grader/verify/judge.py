@@ -219,7 +219,9 @@ class Judge:
                     notes.extend(diagnose.value_causes(quantity, value, ws, record.rank, record, others,
                                                        self.source, self.exercise))
                     explained = True
-                if detail == "detail.values" and quantity.provenance and not any(".cause." in f".{n.key}" for n in notes):
+                # how the ranks' data combined, unless a generic cause already says it (weight 1 instead of
+                # 1/N is "summed, not averaged", not "counted twice")
+                if detail == "detail.values" and quantity.provenance and not any(n.key.startswith("cause.") for n in notes):
                     notes.extend(self._weights(runs, quantity, record.rank))
                 notes.append(Note(detail, label))
                 details.append(self._rank_value(quantity, ws, record.rank, value))
