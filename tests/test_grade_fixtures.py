@@ -142,10 +142,10 @@ def test_mistakes_score_and_are_named(lang, batch):
     """Every mistake in English; in Chinese, a sample covering the kinds of feedback (the same code
     renders both: tests/test_teach_messages.py checks the catalog itself)."""
     if lang == "en":
-        graded = batch("mistakes", lang, "--time-limit", "5")
+        graded = batch("mistakes", lang, "--time-limit", "4")
         assert sorted(graded) == sorted(BY_NAME) == sorted(p.stem for p in (FIXTURES / "mistakes").glob("*.py"))
     else:
-        graded = batch("mistakes", lang, "--time-limit", "5", only=ZH_SAMPLE)
+        graded = batch("mistakes", lang, "--time-limit", "4", only=ZH_SAMPLE)
     for name, score, expected, messages in [m for m in MISTAKES if m[0] in graded]:
         results = graded[name]
         assert (results["score"], failing(results)) == (score, expected), name

@@ -95,14 +95,10 @@ def tree_digest(folder: Path) -> str:
 
 
 CASES = [
-    # fixture, expected outcome of ws2.all_reduce, total score, extra CLI args
-    ("infinite_loop", "timeout", 5, FAST),
+    # fixture, expected outcome of ws2.all_reduce, total score, extra CLI args. Every hostile fixture is
+    # graded in test_hostile_class_through_batch too; these go through `grade` on their own as well.
     ("fork_bomb", "process_limit", 5, FAST),
-    ("one_rank_collective", "deadlock", 10, ()),
-    ("output_flood", "output_limit", 5, ()),
     ("kill_parent", "crash", 0, ()),
-    ("os_exit", "early_exit", 0, ()),
-    ("sys_exit", "early_exit", 0, ()),
 ]
 
 

@@ -42,6 +42,7 @@ from ..feedback.render import check_lines, checks_of, note, status, title
 from ..feedback.report import text_report
 
 FILENAME = "notebook.ipynb"   # what messages and tracebacks call the kernel's code
+TIME_LIMIT_ENV = "GRADER_TIME_LIMIT"   # seconds per run (default: the grader's); the course's config may set it
 CACHE_SIZE = 8
 _CACHE: dict[str, GradingResult] = {}
 
@@ -133,7 +134,9 @@ def grade_source(source: str, *, exercise: str | None = None, key: str | None = 
         try:
             if runner_factory is None:
                 from ..processes.runner import Runner
-                runner_factory = Runner
+                from ..processes.sandbox import Limits
+                wall_s = float(os.environ.get(TIME_LIMIT_ENV) or Limits.wall_s)
+                runner_factory = lambda: Runner(limits=Limits(wall_s=wall_s))  # noqa: E731
             with runner_factory() as runner:
                 result = api.grade(load.from_source(source, filename), runner=runner, exercise=exercise,
                                    include_hidden=True)
