@@ -258,6 +258,7 @@ def test_diagnosis_names_each_mistake_from_the_values_alone():
         mine = slice(s, 2 * s)
         right_params, right_momentum = ex.simulate(ws)[0], ex.simulate(ws)[1][mine]
         assert _diagnose("params", right_params, ws, outcome="not_collective") == []
+        assert _diagnose("momentum", right_momentum, ws, outcome="not_collective") == []
         assert _diagnose("params", ex.simulate(ws, divide=False)[0], ws) == ["cause.not_divided"]
         assert _diagnose("momentum", ex.simulate(ws, divide=False)[1][mine], ws) == ["cause.not_divided"]
         assert _diagnose("params", ex.simulate(ws, carry=False)[0], ws) == ["cause.momentum_reset"]

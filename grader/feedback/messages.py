@@ -274,6 +274,7 @@ CATALOG: dict[str, tuple[str, str]] = {
                      "{function} against dist.{baseline}, timed on a plain gloo process group (not through the grader's observed backend: no observation cost); algbw = S/t, busbw = algbw x 2(N-1)/N (the nccl-tests definitions)"),
     "bench.error": ("  出错（进程数 {error}）", "  failed (world size {error})"),
     "bench.plot": ("图已写入 {path}（用时 {seconds:.1f} 秒）", "Plot written to {path} ({seconds:.1f} s)"),
+    "bench.autograde": ("（自动评分时不计时：计时不计分，只会拖慢全班的评分。）", "(Not timed while autograding: timing earns no points and would only slow the whole class's grading.)"),
     "bench.none": ("练习 {name} 没有可计时的函数（或提交无法读取）。", "Exercise {name} declares no function to time (or the submission cannot be read)."),
     # --- list
     "list.header": ("练习（括号内为总分与可见的进程数；隐藏测试的进程数不显示）：", "Exercises (total points and visible world sizes; hidden world sizes are not shown):"),

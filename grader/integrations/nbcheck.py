@@ -85,18 +85,29 @@ def kernel_cells() -> list[str]:
     return []
 
 
+def _course_tool(stmt: ast.stmt) -> bool:
+    """`import grader...` / `from grader... import ...`: the course's own tools (check and bench cells),
+    never part of an answer."""
+    if isinstance(stmt, ast.Import):
+        return all(a.name == "grader" or a.name.startswith("grader.") for a in stmt.names)
+    return isinstance(stmt, ast.ImportFrom) and not stmt.level and (stmt.module or "").split(".")[0] == "grader"
+
+
 def _canonical(code: str) -> str | None:
-    """What a cell contributes to the ranks' module (its definitions, unparsed); None if it does not parse."""
+    """What a cell contributes to the ranks' module (its definitions, unparsed; imports of the course's tools
+    left out, so a check or bench cell contributes nothing); None if it does not parse."""
     try:
-        return ast.unparse(static.definitions_only(ast.parse(code)))
+        tree = static.definitions_only(ast.parse(code))
+        tree.body = [stmt for stmt in tree.body if not _course_tool(stmt)]
+        return ast.unparse(tree)
     except (SyntaxError, ValueError, RecursionError):
         return None
 
 
 def kernel_program(cells: list[str] | None = None) -> tuple[str, str]:
     """(source, key). The source: the cells as one module, magics and shell lines neutralised, cells that do
-    not parse left out, and a cell whose definitions a later cell repeats exactly (a re-run, or the next
-    check cell's `from grader.integrations import nbcheck`) kept only at its last run. The key: a hash of what the ranks
+    not parse left out, cells that define nothing (check and bench cells) left out, and a cell whose
+    definitions a later cell repeats exactly (a re-run) kept only at its last run. The key: a hash of what the ranks
     execute, so running more check cells does not grade again."""
     kept: dict[str, str] = {}
     for cell in kernel_cells() if cells is None else cells:

@@ -21,7 +21,7 @@ reporting budget is spent (`omitted`). Encoding runs in ranks (torch); decoding 
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -191,6 +191,7 @@ class Call:
     waited: bool = False
     entered_at: int = 0             # the rank's message count when it entered / when it completed:
     completed_at: int = 1 << 62     # a value delivered before a send was entered may feed that send
+    _decoded: dict = field(default_factory=dict, repr=False, compare=False)  # "sent"/"delivered" -> arrays
 
     @classmethod
     def from_message(cls, msg: dict) -> Call:
@@ -215,12 +216,23 @@ class Call:
         self.source = msg.get("source") if isinstance(msg.get("source"), int) else None
         self.ms = float(msg.get("ms") or 0.0) if isinstance(msg.get("ms"), (int, float)) else 0.0
         self.delivered = [d for d in msg.get("delivered") or [] if isinstance(d, dict)]
+        self._decoded.pop("delivered", None)
 
     def sent_values(self) -> list[np.ndarray | None]:
-        return [values(d) for d in self.inputs or []]
+        return self._values("sent", self.inputs)
 
     def delivered_values(self) -> list[np.ndarray | None]:
-        return [values(d) for d in self.delivered or []]
+        return self._values("delivered", self.delivered)
+
+    def _values(self, which: str, descs: list | None) -> list[np.ndarray | None]:
+        """Decoded once (verification reads them many times), read-only so no reader can change them."""
+        if which not in self._decoded:
+            arrays = [values(d) for d in descs or []]
+            for array in arrays:
+                if array is not None:
+                    array.setflags(write=False)
+            self._decoded[which] = arrays
+        return list(self._decoded[which])
 
     @property
     def sent_numel(self) -> int:

@@ -30,6 +30,7 @@ from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, def
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
 DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
 STOP_GRACE_S = 3.0       # SIGTERM to the leader, then SIGKILL
+PROCESS_CHECK_S = 0.5    # how often a run's processes are counted (a fork bomb stops within about this)
 MAX_LINE = 80 << 20      # one protocol message (a tensor of protocol.MAX_ELEMENTS values, base64)
 MAX_PROTOCOL = 96 << 20  # all protocol messages of one rank (values are capped at protocol.BUDGET_BYTES)
 
@@ -115,7 +116,7 @@ class RankRecord:
 class RunOutcome:
     request: RunRequest
     ranks: list[RankRecord]
-    stop: str = "completed"       # completed | timeout | deadlock | failfast | output_limit | protocol | grader_error
+    stop: str = "completed"       # completed | timeout | deadlock | process_limit | failfast | output_limit | protocol | grader_error
     stop_rank: int | None = None
     elapsed: float = 0.0
     error: str | None = None
@@ -153,6 +154,7 @@ class _Run:
         self.leader_gone = False
         self.killed = False
         self.oom_before = 0
+        self.processes_checked = self.started  # when the run's processes were last counted (fork bombs)
         self.spec_fd: dict[int, int] = {}   # rank -> write end of its control pipe (spec, then deltas)
         self.writing: set[int] = set()      # control pipes registered for writing
 
@@ -537,12 +539,29 @@ class Runner:
         elif now - run.started > run.limits.wall_s:
             run.set_stop("timeout")
             self._stop(run)
+        elif self._fork_bomb(run, now):
+            run.set_stop("process_limit")
+            self._stop(run)
         elif run.failfast_at is not None and now >= run.failfast_at:
             run.set_stop("failfast", next((rec.rank for rec in ranks if rec.failed), None))
             self._stop(run)
         elif self._stuck(run) and now - run.last_progress > DEADLOCK_GRACE_S:
             run.set_stop("deadlock")
             self._stop(run)
+
+    @staticmethod
+    def _fork_bomb(run: _Run, now: float) -> bool:
+        """Half the uid's process budget in processes (not threads): a fork bomb. Counted twice a second, so
+        it stops in about a second instead of spinning until the time limit (root mode only: the count is by
+        the run's own uid)."""
+        if run.uid is None or now - run.processes_checked < PROCESS_CHECK_S:
+            return False
+        run.processes_checked = now
+        count = count_processes(run.uid)
+        if count < run.limits.processes // 2:
+            return False
+        run.outcome.processes, run.outcome.process_limit_hit = count, True
+        return True
 
     @staticmethod
     def _stuck(run: _Run) -> bool:
@@ -564,7 +583,7 @@ class Runner:
         if run.stopping_since is None:
             run.stopping_since = time.monotonic()
             run.outcome.elapsed = run.stopping_since - run.started
-            if run.uid is not None and run.outcome.stop != "completed":
+            if run.uid is not None and run.outcome.stop not in ("completed", "process_limit"):
                 run.outcome.processes = count_processes(run.uid)
                 run.outcome.process_limit_hit = run.outcome.processes >= run.limits.processes // 2
             self._kill(run, signal.SIGTERM)

@@ -99,9 +99,9 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         return Outcome.CRASH, Note("fail.signal", {"rank": r, "signal": sig, "name": _signal_name(sig)})
     if "code" in exit_info:
         return Outcome.EARLY_EXIT, Note("fail.os_exit", {"rank": r, "code": exit_info["code"]})
+    if run.stop == "process_limit" or (run.stop == "timeout" and run.process_limit_hit):
+        return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
     if run.stop == "timeout":
-        if run.process_limit_hit:
-            return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
         return Outcome.TIMEOUT, _where(record, "fail.timeout")
     if run.stop == "deadlock":
         return Outcome.DEADLOCK, _where(record, "fail.deadlock")

@@ -62,6 +62,7 @@ class RunView:
         self.outcome = outcome
         self.ws = outcome.request.world_size
         self.calls = [rec.calls for rec in outcome.ranks]
+        self.memo: dict = {}   # what verification derives once per run (provenance's sorted pools)
         self._collective_index: dict[tuple, dict[int, Call]] = {}
         for rank, calls in enumerate(self.calls):
             count: dict[tuple, int] = {}
