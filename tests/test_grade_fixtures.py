@@ -125,6 +125,8 @@ MISTAKES = [
      [("cause.swapped", {"quantity": "gradient", "other": "full_feature"}),
       ("cause.swapped", {"quantity": "full_feature", "other": "gradient"})]),
     ("m21_cat_before_wait", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.read_before_wait", {"quantity": "full_feature", "op": "all_gather"})]),
+    # the data has landed by the read, but no wait() came before it: still read before wait, on every run
+    ("m22_sleep_then_read_before_wait", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.read_before_wait", {"quantity": "full_feature", "op": "all_gather"})]),
     ("m22_gather_then_sum", 50, {"static.all_reduce": "not_called", **ids((2, 3, 4), "all_reduce", "not_collective")},
      [("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather"], "line": 10})]),
     ("m23_all_gather_object", 55, ids((2, 3, 4), "all_gather", "not_collective"),

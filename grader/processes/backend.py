@@ -94,7 +94,14 @@ def perturbable(t) -> bool:
 
 
 class ObservedWork(Work):
-    """The handle the student holds: complete once the backend has recorded and delivered the data."""
+    """The handle the student holds: complete once the backend has recorded the data.
+
+    The data reaches the student's tensors when the student may look at them, never earlier: at wait(),
+    at an is_completed() or result() that finds the operation done, or on completion once a future was
+    handed out (get_future: DDP's hooks, `.then`). An output read before its wait() therefore holds what it
+    held before the operation, every time, instead of whatever a race left there (gloo may write it
+    early, or not): a read-before-wait mistake gets the same verdict on every run, and never full marks
+    by luck."""
 
     def __init__(self, seq: int, timeout: float):
         super().__init__()
@@ -105,6 +112,22 @@ class ObservedWork(Work):
         self.outputs: list = []
         self.source: int | None = None
         self.reported_wait = False
+        self._lock = threading.Lock()
+        self._delivery = None        # the copy into the student's tensors, made once (_deliver)
+        self._future_wanted = False
+
+    def _landed(self, delivery) -> None:
+        """The backend's thread, as the data lands: the copy is kept for later, unless a future is out."""
+        with self._lock:
+            self._delivery, wanted = delivery, self._future_wanted
+        if wanted:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        with self._lock:
+            delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            delivery()
 
     def _finish(self, outputs, error: BaseException | None, source: int | None) -> None:
         self.outputs, self.error, self.source = outputs, error, source
@@ -126,12 +149,14 @@ class ObservedWork(Work):
             raise RuntimeError(f"operation timed out after {limit:.0f} s")
         if self.error is not None:
             raise self.error
+        self._deliver()
         return True
 
     def is_completed(self) -> bool:
         finished = self.done.is_set()
         if finished:
             self._note_wait()
+            self._deliver()
         return finished
 
     def is_success(self) -> bool:
@@ -142,9 +167,14 @@ class ObservedWork(Work):
 
     def get_future(self):
         self._note_wait()  # whoever holds the future waits through it
+        with self._lock:
+            self._future_wanted = True
+        self._deliver()    # already landed: now, before anyone can read it through the future
         return self.future
 
     def result(self):
+        if self.done.is_set():
+            self._deliver()
         return list(self.outputs)
 
     def source_rank(self) -> int:
@@ -163,7 +193,7 @@ class _AllWork(Work):
     def __init__(self, works: list):
         super().__init__()
         self.works = works
-        self.future = torch.futures.collect_all([w.get_future() for w in works]) if works else None
+        self.future = None
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         for work in self.works:
@@ -177,6 +207,8 @@ class _AllWork(Work):
         return all(work.is_success() for work in self.works)
 
     def get_future(self):
+        if self.future is None and self.works:   # asked for: only then does each operation deliver on landing
+            self.future = torch.futures.collect_all([w.get_future() for w in self.works])
         return self.future
 
     def result(self):
@@ -410,15 +442,17 @@ class GraderProcessGroup(dist.ProcessGroup):
             except BaseException:  # noqa: BLE001  (the supervisor is gone: the run is over anyway)
                 pass
         if error is None and receives:
-            with _Guard():
-                for dst, src in zip(student_out, private_out):
-                    if dst is src:
-                        continue
-                    if dst.is_inference():   # written as the network would, from this thread too
-                        with torch.inference_mode():
+            def delivery():
+                with _Guard():
+                    for dst, src in zip(student_out, private_out):
+                        if dst is src:
+                            continue
+                        if dst.is_inference():   # written as the network would, whichever thread delivers
+                            with torch.inference_mode():
+                                _copy_(dst, src)
+                        else:
                             _copy_(dst, src)
-                    else:
-                        _copy_(dst, src)
+            work._landed(delivery)
         work._finish(list(student_out), error, source)
 
 
