@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -62,6 +63,7 @@ class Quantity:
     root: int = 0
     provenance: bool = True
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
+    _expected: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
         if self.combine not in COMBINES:
@@ -73,7 +75,7 @@ class Quantity:
         if self.combine == "own" and self.provenance and not self.uses_context:
             raise ValueError(f"{self.name}: combine='own' with provenance needs local(rank, ws, ctx)")
 
-    @property
+    @cached_property
     def uses_context(self) -> bool:
         """`local(rank, ws, ctx)`: the rank's own data depends on what it received (an optimizer step
         computed from reduce-scattered gradients, say); ctx is verify.observe.RunContext."""
@@ -95,8 +97,18 @@ class Quantity:
         return self.local_options(rank, ws)[0] if not self.uses_context else np.zeros(0)
 
     def expected_array(self, rank: int, ws: int) -> np.ndarray:
+        """What `rank` must hold at world size `ws` (computed once per pair: the exercise's functions are
+        pure; read-only, so no reader can change it for the next)."""
+        key = (rank, ws)
+        if key not in self._expected:
+            value = np.array(self._expected_array(rank, ws), dtype=np.float64).reshape(-1)
+            value.setflags(write=False)
+            self._expected[key] = value
+        return self._expected[key]
+
+    def _expected_array(self, rank: int, ws: int):
         if self.expected is not None:
-            return np.asarray(self.expected(rank, ws), dtype=np.float64).reshape(-1)
+            return self.expected(rank, ws)
         locals_ = [self.local_array(q, ws) for q in range(ws)]
         if self.combine == "mean":
             return np.mean(locals_, axis=0)
