@@ -125,3 +125,28 @@ def test_odd_returned_objects_and_huge_calls_never_break_the_grader():
     proc = run_cli("check", str(FIXTURES / "bad" / "odd_return.py"), "--lang", "en")
     assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
     assert "Autograder failed" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_zygote_started_early_never_outlives_its_command(tmp_path):
+    """`grade` and `check` start their zygote before their own imports; a command that never grades (a
+    missing file, --help) removes it and its folder on the way out."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    for args in (["grade", str(tmp_path / "missing.py"), "--results", str(tmp_path / "r.json")], ["check", "--help"]):
+        proc = subprocess.Popen([sys.executable, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        proc.communicate(timeout=50)
+        assert proc.returncode in (0, 2)
+        mark = f"grader-runs-{proc.pid}-"
+        time.sleep(0.2)
+        assert not [p for p in os.listdir(tempfile.gettempdir()) if p.startswith(mark)], args
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    assert mark.encode() not in fh.read(), (args, pid)
+            except OSError:
+                pass

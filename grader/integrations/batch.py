@@ -256,7 +256,8 @@ class Worker:
     """A worker process seen from the parent: its pipes, its current student, its deadline."""
 
     def __init__(self, args, log_dir: Path, index: int):
-        cmd = [sys.executable, "-c", "import sys; from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
+        cmd = [sys.executable, "-c", "import sys; from grader.processes import launch; launch.prestart(); "
+                                     "from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
                args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
                str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
                *args.exercises_dir]

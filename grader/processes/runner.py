@@ -24,6 +24,8 @@ from pathlib import Path
 
 import secrets
 
+from . import launch
+from .launch import BASE_PREFIX
 from .protocol import Call
 from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, default_total_mb, uid_range
 
@@ -35,7 +37,6 @@ MAX_LINE = 80 << 20      # one protocol message (a tensor of protocol.MAX_ELEMEN
 MAX_PROTOCOL = 96 << 20  # all protocol messages of one rank (values are capped at protocol.BUDGET_BYTES)
 
 
-BASE_PREFIX = "grader-runs-"
 
 
 def _sweep_stale_bases() -> None:
@@ -176,8 +177,8 @@ class Runner:
         self.proc: subprocess.Popen | None = None
         self.hello: dict | None = None
         _sweep_stale_bases()
-        self.base = Path(tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-"))
-        os.chmod(self.base, 0o711)
+        early = launch.adopt(self.python)   # a zygote this process started before its imports
+        self.base = early[0] if early is not None else launch.new_base()
         self._ids = 0
         self._sel = None
         # Rank uids: a block of this process's own (no other live grader, batch workers included, holds it),
@@ -188,24 +189,16 @@ class Runner:
         if sandbox and os.geteuid() == 0:
             self.cgroup = MemoryCgroup.create(f"grader-{os.getpid()}-{id(self) % 10000}",
                                               self.limits.total_mb or default_total_mb())
-        self.start()
+        self.start(early[1:] if early is not None else None)
 
     # -- zygote -------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the zygote without waiting for it: its torch import overlaps the supervisor's work."""
+    def start(self, started=None) -> None:
+        """Start the zygote without waiting for it: its torch import overlaps the supervisor's work.
+        `started`: (process, socket) of one launch.prestart() began."""
         if self.proc is not None and self.proc.poll() is None:
             return
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        log = open(self.base / "zygote.log", "ab")
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen([self.python, "-m", "grader.processes.zygote", str(child.fileno()), str(self.base)],
-                                     pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=log, env=env, cwd=root, start_new_session=True)
-        child.close()
-        log.close()
-        self.conn, self.hello = parent, None
+        self.proc, self.conn = started if started is not None else launch.zygote(self.base, self.python)
+        self.hello = None
 
     def _ready(self) -> dict:
         if self.hello is None:
