@@ -65,13 +65,23 @@ def nbgrader(course: Path, *args: str, timeout: float = 120) -> str:
     return out
 
 
+def release_in(root: Path, exercise: str) -> Path:
+    """A course folder at `root`: this repository's nbgrader_config.py and the exercise's solutions/ folder,
+    then generate_assignment. Returns the generated notebook, checked equal to the committed release."""
+    root.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "nbgrader_config.py", root)
+    shutil.copytree(ROOT / "solutions" / exercise, root / "solutions" / exercise)
+    nbgrader(root, "generate_assignment", exercise)
+    generated = root / "assignments" / exercise / f"{exercise}.ipynb"
+    committed = ROOT / "assignments" / exercise / f"{exercise}.ipynb"
+    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(committed.read_text(encoding="utf-8"))
+    return generated
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory) -> Path:
-    """A course folder: this repository's nbgrader_config.py and solutions/, then generate_assignment."""
     root = tmp_path_factory.mktemp("course")
-    shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions" / A, root / "solutions" / A)
-    nbgrader(root, "generate_assignment", A)
+    release_in(root, A)
     return root
 
 
@@ -108,8 +118,7 @@ def text_of(c) -> str:
 
 @pytest.mark.timeout(180)
 def test_committed_release_is_what_generate_assignment_makes(course):
-    generated = course / "assignments" / A / f"{A}.ipynb"
-    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(RELEASE.read_text(encoding="utf-8"))
+    generated = course / "assignments" / A / f"{A}.ipynb"   # checked equal to RELEASE by release_in
     # the .py solution next to the source notebook is not copied into the release (answer included)
     assert sorted(p.name for p in generated.parent.iterdir()) == [f"{A}.ipynb"]
 

@@ -222,15 +222,9 @@ def test_nbgrader_round_trip(tmp_path):
     student: partial credit through nbgrader is the zero notebook's round trip, and m05's hidden-check
     wording is test_mistakes_score_and_name_their_cause's."""
     import csv
-    from test_nbgrader_e2e import cell, nbgrader, text_of
+    from test_nbgrader_e2e import cell, nbgrader, release_in, text_of
     course = tmp_path / "course"
-    course.mkdir()
-    shutil.copy(ROOT / "nbgrader_config.py", course)
-    shutil.copytree(ROOT / "solutions" / EX, course / "solutions" / EX)
-    nbgrader(course, "generate_assignment", EX)
-    generated = course / "assignments" / EX / f"{EX}.ipynb"
-    committed = ROOT / "assignments" / EX / f"{EX}.ipynb"
-    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(committed.read_text(encoding="utf-8"))
+    generated = release_in(course, EX)
     expected = {"ada": ("honest/h02_batch_isend_irecv.py", 100.0)}
     for student, (answer, _) in expected.items():
         nb = nbformat.read(generated, as_version=4)

@@ -114,6 +114,9 @@ def test_hostile_submission_gets_its_verdict(tmp_path, name, outcome, total, ext
     data = json.loads(results.read_text())
     assert outcomes(data)["ws2.all_reduce"] == outcome
     assert data["score"] == total
+    if name == "fork_bomb":   # stopped once its processes were counted, not left to spin until the time limit
+        stops = {run["stop"] for run in data["extra_data"]["runs"]}
+        assert "process_limit" in stops and "timeout" not in stops, stops
     assert elapsed < 60, f"grading took {elapsed:.1f} s"
     assert "Traceback" not in out
     assert leftover_processes(proc.pid) == []

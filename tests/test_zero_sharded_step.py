@@ -367,14 +367,9 @@ def test_nbgrader_round_trip(tmp_path):
     """generate_assignment in a temporary course (its release is the committed one), then a student's
     notebook through autograde (a real kernel runs the self-check and the check cells): the gradebook holds
     the scores the CLI gives, cell by cell."""
-    from test_nbgrader_e2e import cell, nbgrader
+    from test_nbgrader_e2e import cell, nbgrader, release_in
     course = tmp_path / "course"
-    course.mkdir()
-    shutil.copy(ROOT / "nbgrader_config.py", course)
-    shutil.copytree(ROOT / "solutions" / EX, course / "solutions" / EX)
-    nbgrader(course, "generate_assignment", EX)
-    generated = course / "assignments" / EX / f"{EX}.ipynb"
-    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(RELEASE_NB.read_text(encoding="utf-8"))
+    release_in(course, EX)
 
     nb = nbformat.read(RELEASE_NB, as_version=4)
     answer = ast.parse((FIX / "m04_full_momentum.py").read_text(encoding="utf-8"))
