@@ -37,7 +37,8 @@ def read_csv(path: Path) -> dict[str, dict]:
 
 
 def no_temporaries(out: Path) -> bool:
-    return not list(out.glob(".*.tmp"))
+    """Nothing of a batch's own is left in OUT: write_atomic's temporaries, the workers' logs."""
+    return not list(out.glob(".*.tmp")) and not list(out.glob(batch.WORKER_LOGS + "*"))
 
 
 # -- pure functions -------------------------------------------------------------------------------
@@ -162,6 +163,7 @@ def test_sigkill_mid_batch_then_resume_grades_only_what_is_missing(tmp_path):
         os.kill(w, signal.SIGKILL)
     assert not leftover, "workers outlived the killed batch"
 
+    assert list(out.glob(batch.WORKER_LOGS + "*")), "the killed batch left no worker logs: what does resume sweep?"
     kept = {n: (out / f"{n}.json").stat() for n in done}
     changed = done[0]
     with open(cls / f"{changed}.py", "a") as f:

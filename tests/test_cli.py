@@ -129,14 +129,15 @@ def test_odd_returned_objects_and_huge_calls_never_break_the_grader():
 
 @pytest.mark.timeout(60)
 def test_a_zygote_started_early_never_outlives_its_command(tmp_path):
-    """`grade` and `check` start their zygote before their own imports; a command that never grades (a
-    missing file, --help) removes it and its folder on the way out."""
+    """`grade` and `check` start their zygote before their own imports, and `batch` its template zygote; a
+    command that never grades (a missing file or folder, --help) removes it and its folder on the way out."""
     import os
     import subprocess
     import sys
     import tempfile
     import time
-    for args in (["grade", str(tmp_path / "missing.py"), "--results", str(tmp_path / "r.json")], ["check", "--help"]):
+    for args in (["grade", str(tmp_path / "missing.py"), "--results", str(tmp_path / "r.json")], ["check", "--help"],
+                 ["batch", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]):
         proc = subprocess.Popen([sys.executable, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         proc.communicate(timeout=50)

@@ -5,10 +5,13 @@ import json
 import os
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import FIXTURES, PY, ROOT
+from grader.processes import launch
 from grader.processes.protocol import values
 from grader.processes.runner import Runner, RunRequest
 from grader.processes.sandbox import Limits
@@ -20,6 +23,18 @@ def run_worker(rank, world_size):
     t = torch.full((4,), float(rank + 1))
     dist.all_reduce(t)
     print("rank", rank, "says", t.tolist())
+    return t, None
+"""
+
+IMPORTS = """
+import sys, torch, torch.distributed as dist
+def run_worker(rank, world_size):
+    before = set(sys.modules)
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    out = [torch.empty(2) for _ in range(world_size)]
+    dist.all_gather(out, torch.ones(2))
+    print("imported:", sorted(set(sys.modules) - before))
     return t, None
 """
 
@@ -67,6 +82,18 @@ def test_a_perturbed_run_adds_secret_deltas_the_supervisor_keeps(runner):
 
 
 @pytest.mark.timeout(60)
+def test_observing_and_perturbing_imports_nothing_in_a_rank(runner):
+    """Every module the backend needs is the zygote's already: loaded lazily in a rank, numpy.random and
+    torch's dispatch-mode modules cost each rank ~15 ms of CPU (half of an honest rank's own work)."""
+    [out] = runner.run_many([RunRequest(world_size=2, source=IMPORTS, filename="imports.py", quantities=("t", "u"),
+                                        perturb=("all_reduce", "all_gather"))])
+    assert out.stop == "completed"
+    assert all(call.seed is not None for rec in out.ranks for call in rec.calls)
+    for rec in out.ranks:
+        assert "imported: []" in rec.output_text(), rec.output_text()
+
+
+@pytest.mark.timeout(60)
 def test_output_is_capped_and_counted(runner):
     small = Limits(wall_s=10, output_keep_kb=4)
     with Runner(limits=small) as r:
@@ -105,3 +132,57 @@ def test_two_gradings_at_once_with_the_same_fixed_port(tmp_path):
                 os.killpg(p.pid, signal.SIGKILL)
     for i in range(2):
         assert json.loads((tmp_path / f"r{i}.json").read_text())["score"] == 100
+
+
+def _parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _gone(pid: int, within: float = 10) -> bool:
+    deadline = time.monotonic() + within
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.timeout(90)
+def test_a_batch_worker_zygote_is_a_fork_of_the_template_and_goes_with_its_runner(monkeypatch):
+    """A batch imports torch once: each worker's zygote is forked from the parent's template, serves that
+    worker alone, and is gone (process and folder) when the worker's Runner closes."""
+    launch.start_template()
+    try:
+        template = launch._TEMPLATE[1]
+        monkeypatch.setenv(launch.TEMPLATE_ENV, str(os.dup(launch.template_fd())))  # a worker's own copy
+        launch.prestart()
+        assert launch.TEMPLATE_ENV not in os.environ      # nothing the runs could inherit
+        with Runner(limits=Limits(wall_s=10)) as r:
+            [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))])
+            assert out.stop == "completed"
+            assert [values(rec.result["values"]["t"]).tolist() for rec in out.ranks] == [[3.0] * 4] * 2
+            assert isinstance(r.proc, launch.Forked) and _parent_pid(r.proc.pid) == template.pid
+            zygote, base = r.proc.pid, r.base
+            assert "seccomp" in r.layer_names() or os.geteuid() != 0
+        assert _gone(zygote) and not base.exists()
+        assert template.poll() is None                      # the template serves the next worker
+    finally:
+        launch.stop_template()
+    assert template.poll() is not None
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_whose_template_died_starts_its_own_zygote(monkeypatch):
+    """The template is killed after the worker asked it (its request, socket attached, dies unanswered):
+    the worker's Runner starts a zygote of its own and grades."""
+    launch.start_template()
+    try:
+        monkeypatch.setenv(launch.TEMPLATE_ENV, str(os.dup(launch.template_fd())))  # a worker's own copy
+        launch.prestart()
+        stop = launch._TEMPLATE[1]
+        os.killpg(stop.pid, signal.SIGKILL)                # still importing torch: the request is unread
+        stop.wait()
+        with Runner(limits=Limits(wall_s=10)) as r:
+            [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py")])
+            assert out.stop == "completed"
+            assert not isinstance(r.proc, launch.Forked)
+    finally:
+        launch.stop_template()

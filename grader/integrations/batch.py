@@ -28,6 +28,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import stat
 import statistics
@@ -44,6 +45,7 @@ from ..submission import load as loader
 from ..feedback.messages import default_lang, render
 from ..feedback.results import failed_results, to_gradescope, write_atomic
 from ..model import CheckResult, GradingResult, Note, Outcome
+from ..processes import launch
 from ..processes.sandbox import default_total_mb
 from . import classreport
 from .gradebook import gradebook, number, printable, sorted_rows, verdict
@@ -184,8 +186,12 @@ def up_to_date(data: dict | None, digest: str, lang: str, exercise) -> bool:
             and not extra.get("grader_error") and isinstance(extra.get("scores"), dict))
 
 
+WORKER_LOGS = ".grader-workers-"   # OUT/<prefix>XXXX: the workers' logs while a batch runs
+
+
 def sweep_temporaries(out: Path) -> int:
-    """Remove what write_atomic leaves when killed between its write and its rename."""
+    """Remove what a killed batch leaves (the lock is held: no batch is using them): write_atomic's
+    temporaries, killed between their write and their rename, and the workers' logs."""
     count = 0
     for tmp in out.glob(".*.tmp"):
         try:
@@ -193,6 +199,10 @@ def sweep_temporaries(out: Path) -> int:
             count += 1
         except FileNotFoundError:
             pass
+    for logs in out.glob(WORKER_LOGS + "*"):
+        if logs.is_dir() and not logs.is_symlink():
+            shutil.rmtree(logs, ignore_errors=True)
+            count += 1
     return count
 
 
@@ -263,10 +273,14 @@ class Worker:
                *args.exercises_dir]
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        template = launch.template_fd()   # the worker's zygote is a fork of it: no import torch of its own
+        if template is not None:
+            env[launch.TEMPLATE_ENV] = str(template)
         self.log = log_dir / f"worker-{index}.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=ROOT,
-                                         env=env, start_new_session=True)
+                                         env=env, start_new_session=True,
+                                         pass_fds=() if template is None else (template,))
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.buffer = bytearray()
         self.student: Student | None = None
@@ -376,7 +390,7 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
     results = {} if results is None else results
     queue = list(todo)
     budget = 60 + 4 * args.time_limit       # two rounds of runs of at most time_limit each, with margins
-    log_dir = Path(tempfile.mkdtemp(prefix="grader-batch-"))
+    log_dir = Path(tempfile.mkdtemp(prefix=WORKER_LOGS, dir=out))
     workers: list[Worker] = []
     sel = selectors.DefaultSelector()
 
@@ -552,10 +566,12 @@ def run(args) -> int:
         progress = Progress(len(todo))
         try:
             if todo:
+                launch.start_template()   # one import torch for every worker's zygote (started early by __main__)
                 grade_all(todo, args, out, progress, graded)
         except Exception:  # a fault of the batch itself: the students it reached keep their rows
             print(traceback.format_exc(), file=sys.stderr)
         finally:
+            launch.stop_template()
             for student in todo:
                 if student.name not in graded:
                     graded[student.name] = entry_failed(student, "the batch stopped before grading this entry",

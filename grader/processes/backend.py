@@ -29,6 +29,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup, ProcessGroupGloo, Work
 from torch.utils._python_dispatch import _disable_current_modes
+# _disable_current_modes imports this on its first use: imported here, the zygote holds it and no rank
+# loads it from disk (tests/test_runner.py: a rank imports nothing while it is observed and perturbed).
+import torch._subclasses.schema_check_mode  # noqa: F401,E402
 
 from .. import comm
 from ..verify import perturb

@@ -174,7 +174,7 @@ class Runner:
         self.use_sandbox = sandbox
         self.python = python or sys.executable
         self.conn: socket.socket | None = None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | launch.Forked | None = None
         self.hello: dict | None = None
         _sweep_stale_bases()
         early = launch.adopt(self.python)   # a zygote this process started before its imports
@@ -194,9 +194,12 @@ class Runner:
     # -- zygote -------------------------------------------------------------------------------
     def start(self, started=None) -> None:
         """Start the zygote without waiting for it: its torch import overlaps the supervisor's work.
-        `started`: (process, socket) of one launch.prestart() began."""
+        `started`: (process, socket) of one launch.prestart() began (a process, or a launch.Forked)."""
         if self.proc is not None and self.proc.poll() is None:
             return
+        if self.proc is not None:   # a zygote that died: reaped, and its socket closed
+            launch.stop_zygote(self.proc)
+            self.conn.close()
         self.proc, self.conn = started if started is not None else launch.zygote(self.base, self.python)
         self.hello = None
 
@@ -204,13 +207,22 @@ class Runner:
         if self.hello is None:
             self.conn.settimeout(120)
             try:
-                data = self.conn.recv(1 << 16)
+                data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
             except (socket.timeout, OSError) as err:
                 raise GraderError(f"zygote did not start: {err}; see {self.base / 'zygote.log'}") from err
+            if not data and isinstance(self.proc, launch.Forked):  # the batch's template is gone: start cold
+                self.conn.close()
+                self.proc = None
+                self.start()
+                return self._ready()
             if not data:
                 raise GraderError(f"zygote exited at start-up; see {self.base / 'zygote.log'}: "
                                   + self._zygote_log_tail())
             self.hello = json.loads(data)
+            if fds and isinstance(self.proc, launch.Forked):
+                self.proc.attach(self.hello["pid"], fds.pop())
+            for fd in fds:
+                os.close(fd)
             self.conn.settimeout(30)
         return self.hello
 
@@ -251,11 +263,7 @@ class Runner:
             self.conn.close()
             self.conn = None
         if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
+            launch.stop_zygote(self.proc)
             self.proc = None
         if self.cgroup is not None:
             self.cgroup.remove()

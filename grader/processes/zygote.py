@@ -1,6 +1,8 @@
 """The zygote: one warm process that has imported torch, and forks each run's process tree from it.
 
-    python -m grader.processes.zygote FD      (started by runner.Runner; FD is a SOCK_SEQPACKET to the supervisor)
+    python -m grader.processes.zygote FD BASE        (started by runner.Runner or launch.prestart; FD is a
+                                                      SOCK_SEQPACKET to the supervisor, BASE its runs' folder)
+    python -m grader.processes.zygote FD BASE --template  (a batch's template: forks a zygote per worker, on request)
 
 Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
 milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang; a run's store is
@@ -258,14 +260,20 @@ def _stop_all_runs() -> None:
 _CODE: list[str] = []  # the interpreter's folders, bound read-only into every run's root
 
 
-def serve(conn: socket.socket, base: str) -> None:
+def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     _CODE[:] = sandbox.interpreter_paths(CHECKOUT)
     layers = sandbox.probe(base, _CODE)
     rank.install_hooks()
-    conn.send(json.dumps({"t": "hello", "pid": os.getpid(), "gpus": _gpu_count(),
-                          "layers": {"root": layers.root, "namespaces": layers.namespaces,
-                                     "user_namespace": layers.user_namespace, "seccomp": layers.seccomp,
-                                     "no_new_privs": layers.no_new_privs}}).encode())
+    hello = json.dumps({"t": "hello", "pid": os.getpid(), "gpus": _gpu_count(),
+                        "layers": {"root": layers.root, "namespaces": layers.namespaces,
+                                   "user_namespace": layers.user_namespace, "seccomp": layers.seccomp,
+                                   "no_new_privs": layers.no_new_privs}}).encode()
+    if forked:  # not the supervisor's child: it watches and stops this zygote through a pidfd
+        pidfd = os.pidfd_open(os.getpid())
+        socket.send_fds(conn, [hello], [pidfd])
+        os.close(pidfd)
+    else:
+        conn.send(hello)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
     while True:
         try:
@@ -306,11 +314,54 @@ def _reap() -> None:
         _LEADERS.discard(pid)
 
 
+def _template(conn: socket.socket) -> tuple[socket.socket, str] | None:
+    """A batch's template: it has imported (above) and never serves runs. For each request {"t": "spawn",
+    "base"} with a worker's socket attached, it forks a zygote for that worker. Returns in that fork (the
+    worker's socket and folder); returns None in the template once every holder has closed its socket."""
+    signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 1)
+        except InterruptedError:
+            continue
+        if not data:
+            return None
+        try:
+            base = json.loads(data)["base"]
+        except (ValueError, KeyError, TypeError):
+            base = None
+        if not isinstance(base, str) or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            continue
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            os.setsid()
+            conn.close()
+            try:  # its own log, where the worker's Runner looks for it
+                log = os.open(os.path.join(base, "zygote.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                os.close(log)
+            except OSError:
+                pass
+            return socket.socket(fileno=fds[0]), base
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        os.close(fds[0])
+
+
 def main() -> None:
-    fd, base = int(sys.argv[1]), sys.argv[2]
-    conn = socket.socket(fileno=fd)
+    conn, base, forked = socket.socket(fileno=int(sys.argv[1])), sys.argv[2], False
+    if sys.argv[3:] == ["--template"]:   # BASE holds its log only
+        spawned = _template(conn)
+        if spawned is None:
+            os._exit(0)
+        (conn, base), forked = spawned, True
     try:
-        serve(conn, base)
+        serve(conn, base, forked)
     except (BrokenPipeError, ConnectionResetError, KeyboardInterrupt):
         pass
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})

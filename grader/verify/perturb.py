@@ -12,6 +12,7 @@ numpy only: the supervisor never imports torch; the ranks call the same function
 from __future__ import annotations
 
 import numpy as np
+import numpy.random  # noqa: F401  (numpy loads it lazily: imported here, the zygote holds it; ~12 ms per rank otherwise)
 
 INT_DTYPES = {"torch.int16", "torch.int32", "torch.int64"}   # bytes (int8, uint8) carry pickled objects
 FLOAT_STEPS = {"torch.float64": 256, "torch.float32": 256, "torch.float16": 4, "torch.bfloat16": 4}
