@@ -228,6 +228,36 @@ def _leader(req: dict, fds: list[int], conn_fd: int) -> None:
 
 
 _LEADERS: set[int] = set()  # runs in flight (leader pids, not yet reaped)
+MADV_COLLAPSE, HUGE = 25, 1 << 21   # Linux 6.1+; 2 MiB pages on x86-64 and arm64 (4K base pages)
+COLLAPSE_AFTER_RUNS = 8   # a cold zygote's huge pages (below): more runs than one grade's
+
+
+def _huge_pages() -> None:
+    """Back the zygote's private anonymous memory (the ~150 MB that importing torch leaves) with huge pages
+    where the kernel can (MADV_COLLAPSE). A fork then copies one page-table entry per 2 MiB instead of 512,
+    and unmaps as few at exit: each process of a run (leader, pid 1, every rank) is cheaper to start and to
+    end (measured: 11 -> 8 ms of CPU per fork and exit of a rank-like child; 5.8 -> 3.2 ms for a bare one).
+    A child's write still copies 4 KiB: the kernel splits a shared huge mapping on write. The regions are
+    not marked MADV_HUGEPAGE, so what a rank allocates later is not backed by huge pages. Where the kernel
+    cannot (older than 6.1, THP off), nothing changes."""
+    import ctypes
+    gc.freeze()   # what it holds now is what the forks share
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    try:
+        with open("/proc/self/maps") as maps:
+            lines = maps.readlines()
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 5 or not fields[1].startswith("rw") or fields[1][3] != "p" \
+                or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        low, high = (low + HUGE - 1) & ~(HUGE - 1), high & ~(HUGE - 1)
+        if high > low:
+            madvise(low, high - low, MADV_COLLAPSE)   # errors (EINVAL: no THP here) change nothing
 
 
 def _preload(modules) -> None:
@@ -275,6 +305,11 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     else:
         conn.send(hello)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    # Huge pages cost ~0.1 s once and save ~3 ms per process: a batch worker's zygote (forked from the
+    # template) serves hundreds of runs, a single grade about 4: a cold zygote waits until it has served some.
+    served = 0
+    if forked:
+        _huge_pages()
     while True:
         try:
             data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 64)
@@ -301,6 +336,9 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         socket.send_fds(conn, [json.dumps({"t": "started", "id": req["id"], "pid": pid}).encode()], [pidfd])
         os.close(pidfd)
+        served += 1
+        if served == COLLAPSE_AFTER_RUNS and not forked:
+            _huge_pages()
 
 
 def _reap() -> None:
