@@ -273,9 +273,15 @@ def probe(workspace: str, code: list[str]) -> Layers:
 # ------------------------------------------------------------------------------------------------
 # Leader: namespaces; a new root that holds only the interpreter (read-only) and the run's own tmpfs
 
-def enter_namespaces(use_userns: bool) -> None:
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(fd, nstype), "setns")
+
+
+def enter_namespaces(use_userns: bool, pid: bool = True) -> None:
+    """`pid`: also a new pid namespace for this process's children (False: this process is already pid 1 of
+    one, see zygote.PidNamespaces)."""
     uid, gid = os.geteuid(), os.getegid()
-    flags = CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    flags = (CLONE_NEWPID if pid else 0) | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
     unshare(flags | (CLONE_NEWUSER if use_userns else 0))
     if use_userns:
         with open("/proc/self/setgroups", "w") as f:
