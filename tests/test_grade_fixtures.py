@@ -201,6 +201,9 @@ CHEATS = {
     "c15_torch_function_mode": "wrong",                     # the grader's reads ignore the student's mode
     # switches the perturbation off inside its rank: what was delivered no longer matches what was sent
     "c16_disable_the_perturbation": "not_collective",
+    # the grader's copies ignore the student's dispatch mode (the values it forged into its own tensors were
+    # sent as its data: 1.5 + 1.5); through the grader's copies, a forged 1.5 would be "not_collective"
+    "c17_torch_dispatch_mode": "wrong",
 }
 
 

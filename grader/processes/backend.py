@@ -68,11 +68,17 @@ _MISSING = object()
 _CUDA = False   # NCCL for CUDA tensors (set by the rank of an NCCL run)
 
 
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _pre_dispatch_modes  # noqa: E402
+
+
 class _Guard:
     """Grader tensor work: no autograd, no torch-function or dispatch mode of the student's."""
 
     def __enter__(self):
-        self._stack = [_no_grad(), torch._C.DisableTorchFunction(), _disable_current_modes()]
+        self._stack = [_no_grad(), torch._C.DisableTorchFunction()]
+        if _dispatch_modes() or _pre_dispatch_modes():   # a mode of the student's (rare): put aside meanwhile
+            self._stack.append(_disable_current_modes())
         for ctx in self._stack:
             ctx.__enter__()
         return self

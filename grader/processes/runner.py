@@ -31,7 +31,7 @@ from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, def
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
 DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
-STOP_GRACE_S = 3.0       # SIGTERM to the leader, then SIGKILL
+STOP_GRACE_S = 3.0       # SIGTERM to the run's leader (its pid 1, or the leader above it), then SIGKILL
 PROCESS_CHECK_S = 0.5    # how often a run's processes are counted (a fork bomb stops within about this)
 MAX_LINE = 80 << 20      # one protocol message (a tensor of protocol.MAX_ELEMENTS values, base64)
 MAX_PROTOCOL = 96 << 20  # all protocol messages of one rank (values are capped at protocol.BUDGET_BYTES)

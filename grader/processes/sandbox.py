@@ -2,14 +2,17 @@
 
 A run is a small process tree forked from the zygote:
 
-    leader L (root, old namespaces)      -- memory cgroup; unshare(pid, net, mount, ipc, uts); loopback up;
-                                            new_root(): a tmpfs holding the interpreter (read-only) and /tmp
-      init I (pid 1 of the new pid ns)   -- fresh /proc, pivot_root into the new root; forks the ranks,
-                                            reaps them, reports their exits
-        rank 0..N-1                      -- rlimits, a uid of its run's own, NO_NEW_PRIVS + seccomp
+    init I (pid 1 of a new pid ns)       -- memory cgroup; unshare(net, mount, ipc, uts); loopback up;
+                                            new_root(): a tmpfs holding the interpreter (read-only) and /tmp;
+                                            fresh /proc, pivot_root into it; forks the ranks, hosts the
+                                            run's store, reaps the ranks, reports their exits
+      rank 0..N-1                        -- rlimits, a uid of its run's own, NO_NEW_PRIVS + seccomp
                                             (seccomp.py), then student code
 
-Killing I tears the pid namespace down: every process in it dies, double-forked daemons included.
+As root, the zygote forks I straight into the new pid namespace (zygote.PidNamespaces). Without root, a
+leader L above I enters a user namespace first (the pid namespace must belong to it) with the others,
+builds the root, and forks I. Killing I tears the pid namespace down: every process in it dies,
+double-forked daemons included.
 Each layer is optional: `probe()` says which this machine allows, and the report lists those applied
 (and names seccomp and NO_NEW_PRIVS when they are missing).
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import os
 import resource
 import socket
@@ -271,7 +275,8 @@ def probe(workspace: str, code: list[str]) -> Layers:
 
 
 # ------------------------------------------------------------------------------------------------
-# Leader: namespaces; a new root that holds only the interpreter (read-only) and the run's own tmpfs
+# The run's namespaces (entered by its init, or by its leader without root); a new root that holds only the
+# interpreter (read-only) and the run's own tmpfs
 
 def setns(fd: int, nstype: int) -> None:
     _check(_libc.setns(fd, nstype), "setns")
@@ -317,35 +322,49 @@ def interpreter_paths(checkout: str) -> list[str]:
     return sorted(p for p in paths if not any(p != q and _inside(p, q) for q in paths))
 
 
-def _remount_readonly(path: str, device_nodes: bool = False) -> None:
-    """Read-only, nosuid (and nodev), keeping the flags a user namespace may not clear (noexec, atime)."""
+def _readonly_flags(have: int, device_nodes: bool = False) -> int:
+    """Read-only, nosuid (and nodev), keeping the flags a user namespace may not clear (noexec, atime):
+    `have` is the statvfs f_flag of the mount being bound."""
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if device_nodes else MS_NODEV)
-    have = os.statvfs(path).f_flag
     for st_flag, ms_flag in ((ST_NOEXEC, MS_NOEXEC), (ST_NOATIME, MS_NOATIME), (ST_NODIRATIME, MS_NODIRATIME),
                              (ST_RELATIME, MS_RELATIME), (ST_NODEV, MS_NODEV)):
         if have & st_flag:
             flags |= ms_flag
-    mount(None, path, None, flags)
+    return flags
+
+
+@functools.lru_cache(maxsize=None)
+def _host(path: str, symlink: bool) -> tuple | None:
+    """How host `path` is placed in every run's root, looked up once per zygote (it builds a root for each
+    run): None (missing), ("link", target), or ("bind", source, is_dir, statvfs flags of its mount).
+    `symlink`: a symbolic link is copied as a link rather than followed."""
+    if not os.path.lexists(path):
+        return None
+    if symlink and os.path.islink(path):
+        return ("link", os.readlink(path))
+    source = os.path.realpath(path)
+    return ("bind", source, os.path.isdir(path), os.statvfs(source).f_flag)
 
 
 def _place(path: str, root: str, device: bool = False, follow: bool = False) -> None:
     """Make host `path` appear read-only at the same path below `root`: a symlink is copied as a symlink
     (unless `follow`: then what it points to is bound at the link's path), a folder or file is
     bind-mounted. Missing paths are skipped."""
-    if not os.path.lexists(path):
+    host = _host(path, not (device or follow))
+    if host is None:
         return
     target = root + path
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    if os.path.islink(path) and not (device or follow):
-        os.symlink(os.readlink(path), target)
+    if host[0] == "link":
+        os.symlink(host[1], target)
         return
-    if os.path.isdir(path):
+    _, source, is_dir, have = host
+    if is_dir:
         os.makedirs(target, exist_ok=True)
     else:
-        with open(target, "w"):
-            pass
-    mount(os.path.realpath(path), target, None, MS_BIND | MS_REC)
-    _remount_readonly(target, device_nodes=device)
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    mount(source, target, None, MS_BIND | MS_REC)
+    mount(None, target, None, _readonly_flags(have, device_nodes=device))
 
 
 def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> None:

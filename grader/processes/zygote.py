@@ -5,13 +5,14 @@
     python -m grader.processes.zygote FD BASE --template  (a batch's template: forks a zygote per worker, on request)
 
 Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
-milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang; a run's store is
-hosted by that run's pid 1, after its last fork), and never
-runs student code: that happens two forks below it, in the sandbox (see sandbox.py for the tree).
+milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang; a run's store
+is hosted by that run's pid 1, after its last fork), and never runs student code: that happens in the ranks,
+forks of the run's pid 1, in the sandbox (see sandbox.py for the tree).
 
 Protocol: the supervisor sends one JSON request per run with the run's pipe ends attached (SCM_RIGHTS);
-the zygote forks the run's leader and answers {"id", "pid"} with a pidfd of the leader attached, which
-the supervisor uses to stop the run without any race on process ids.
+the zygote forks the run's first process (its pid 1, or the leader above it, see sandbox.py) and answers
+{"id", "pid"} with a pidfd of it attached, which the supervisor uses to stop the run without any race on
+process ids. The runner calls that process the run's leader either way.
 """
 from __future__ import annotations
 
