@@ -87,7 +87,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
     result.layers = runner.layer_names()
     judge = Judge(exercise, submission.source)
     runs = _run_all(submission, exercise, judge, exercise.world_sizes(runtime_checks), runner, backend, show_output,
-                    tuple(report.torch_modules))
+                    tuple(report.torch_modules), report.self_checks)
     for check in runtime_checks:
         ws_runs = runs.get(check.world_size)
         if ws_runs is None:
@@ -138,13 +138,16 @@ def _perturbed_ops(exercise: Exercise) -> tuple[str, ...]:
 
 
 def _run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: Runner, backend: str,
-             show_output: bool, preload: tuple) -> dict[int, WorldSizeRuns]:
+             show_output: bool, preload: tuple, self_checks: bool = False) -> dict[int, WorldSizeRuns]:
     """Round 1, all at once: a perturbed run per world size, and (show_output) the clean run of the visible
     one, whose output the report shows. A world size whose perturbed run proves every value needs nothing
     more (Judge.proven): an honest submission costs one run per world size, plus the visible clean run.
     Round 2: the clean runs of the other world sizes, which diagnose what is wrong.
     Round 3 (rare): a run perturbing only the operations of a quantity that rounds 1-2 could not observe
-    (an honest assert fired before it was computed)."""
+    (an honest assert fired before it was computed).
+    `self_checks` (the code asserts or raises on its own values, which a perturbed run's deltas can make
+    fail, so that round 2 follows): `grade` and `check`, which someone waits for, start round 2's clean runs
+    in round 1; each is kept only where its perturbed run does not decide alone, as in two rounds."""
     gpus = runner.gpus if backend != "gloo" else 0
     plan = {ws: _backend_for(ws, backend, gpus) for ws in world_sizes}
     plan = {ws: chosen for ws, chosen in plan.items() if chosen is not None}
@@ -159,6 +162,8 @@ def _run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: 
     visible = exercise.visible_world_sizes
     first = [request(ws, every, "perturbed") for ws in plan]
     first += [request(ws, (), "clean") for ws in plan if show_output and ws in visible[:1]]
+    early = {ws for ws in plan if show_output and self_checks and ws not in visible[:1]}
+    first += [request(ws, (), "clean") for ws in sorted(early)]
     runs: dict[int, WorldSizeRuns] = {}
     for outcome in runner.run_many(first):
         entry = runs.setdefault(outcome.request.world_size, WorldSizeRuns(outcome.request.world_size))
@@ -166,6 +171,9 @@ def _run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: 
             entry.perturbed.append(outcome)
         else:
             entry.clean = outcome
+    for ws in early:
+        if ws in runs and runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]):
+            runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
     second = [request(ws, (), "clean") for ws, entry in runs.items()
               if entry.clean is None and not judge.proven(entry.perturbed[0])]
     for outcome in runner.run_many(second) if second else []:

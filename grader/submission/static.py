@@ -36,6 +36,7 @@ class StaticReport:
     reached: dict[str, list[int]] = field(default_factory=dict)  # operation -> lines of reaching references
     todo_left: bool = False          # the entry function still raises NotImplementedError (the stub)
     torch_modules: list[str] = field(default_factory=list)  # torch modules the submission names (preloaded)
+    self_checks: bool = False        # the entry function (or code it reaches) asserts or raises on its own
 
 
 def _const_truth(test: ast.expr) -> bool | None:
@@ -182,6 +183,8 @@ def inspect_source(tree: ast.Module, entry_name: str = ENTRY) -> StaticReport:
                 local_defs[node.name] = node
         local_values = _values_reaching([n for n in nodes if isinstance(n, ast.stmt) and n is not fn], scope)
         for node in nodes:
+            if _checks_itself(node):
+                report.self_checks = True
             op = _names_op(node, scope)
             if op is not None:
                 reached.setdefault(op, set()).add(node.lineno)
@@ -226,6 +229,20 @@ def _names_op(node: ast.AST, scope: _Scope) -> str | None:
         if base is not None:
             return API_NAMES.get(f"{base}.{node.args[1].value}")
     return None
+
+
+def _checks_itself(node: ast.AST) -> bool:
+    """An assert, a raise (other than the stub's NotImplementedError) or an assert_* call (assert_close,
+    assert_allclose ...): code that may stop on values a perturbed run changes."""
+    if isinstance(node, ast.Assert):
+        return True
+    if isinstance(node, ast.Raise):
+        return not _is_not_implemented_raise(node)
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        return name.startswith("assert")
+    return False
 
 
 def _torch_modules(tree: ast.Module) -> list[str]:
