@@ -378,13 +378,7 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     served = 0
     if forked:
         _huge_pages()
-    while True:
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 64)
-        except InterruptedError:
-            continue
-        if not data:
-            return
+    for data, fds in _requests(conn, 64):
         req = json.loads(data)
         _preload(req.get("preload") or ())
         # Everything the zygote holds goes to the collector's permanent generation: a fork's collections
@@ -421,18 +415,24 @@ def _reap() -> None:
         _LEADERS.discard(pid)
 
 
+def _requests(conn: socket.socket, max_fds: int):
+    """(message, attached fds) as they come on `conn`, until the other end has closed it."""
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, max_fds)
+        except InterruptedError:
+            continue
+        if not data:
+            return
+        yield data, fds
+
+
 def _template(conn: socket.socket) -> tuple[socket.socket, str] | None:
     """A batch's template: it has imported (above) and never serves runs. For each request {"t": "spawn",
     "base"} with a worker's socket attached, it forks a zygote for that worker. Returns in that fork (the
     worker's socket and folder); returns None in the template once every holder has closed its socket."""
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
-    while True:
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 1)
-        except InterruptedError:
-            continue
-        if not data:
-            return None
+    for data, fds in _requests(conn, 1):
         try:
             base = json.loads(data)["base"]
         except (ValueError, KeyError, TypeError):
@@ -458,6 +458,7 @@ def _template(conn: socket.socket) -> tuple[socket.socket, str] | None:
             return socket.socket(fileno=fds[0]), base
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         os.close(fds[0])
+    return None
 
 
 def main() -> None:
