@@ -201,8 +201,8 @@ CHEATS = {
     "c15_torch_function_mode": "wrong",                     # the grader's reads ignore the student's mode
     # switches the perturbation off inside its rank: what was delivered no longer matches what was sent
     "c16_disable_the_perturbation": "not_collective",
-    # the grader's copies ignore the student's dispatch mode (the values it forged into its own tensors were
-    # sent as its data: 1.5 + 1.5); through the grader's copies, a forged 1.5 would be "not_collective"
+    # the grader's copies and records ignore the student's dispatch mode: what the rank really sent (zeros)
+    # is reported, and summed (see below)
     "c17_torch_dispatch_mode": "wrong",
 }
 
@@ -220,6 +220,9 @@ def test_every_attack_scores_zero_on_what_it_fakes(batch):
     assert failing(laundered) == ids((2, 3, 4), "all_reduce", "not_collective")
     assert render("why.contribution", {"rank": 0, "n": 1, "op": "all_reduce", "line": 10, "sent": "[1.5 x1024]",
                                        "own": "[1 x1024]"}, "en") in texts(laundered)
+    # a dispatch mode that forges reshapes and copies: the report still shows what was sent (it once read the
+    # sent tensor through the student's mode and said "[1.5 x1024]", a forged record)
+    assert "rank 0 sent [0 x1024] in all_reduce (line 31)" in texts(graded["c17_torch_dispatch_mode"])
 
 
 def test_there_are_enough_cheats():
