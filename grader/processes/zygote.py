@@ -295,6 +295,8 @@ class PidNamespaces:
         if cls.fd is not None:
             os.close(cls.fd)
             cls.fd = None
+
+
 MADV_COLLAPSE, HUGE = 25, 1 << 21   # Linux 6.1+; 2 MiB pages on x86-64 and arm64 (4K base pages)
 COLLAPSE_AFTER_RUNS = 8   # a cold zygote's huge pages (below): more runs than one grade's
 
