@@ -28,6 +28,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup, ProcessGroupGloo, Work
+from torch._C import _len_torch_dispatch_stack as _dispatch_modes
+from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _pre_dispatch_modes
 from torch.utils._python_dispatch import _disable_current_modes
 # _disable_current_modes imports this on its first use: imported here, the zygote holds it and no rank
 # loads it from disk (tests/test_runner.py: a rank imports nothing while it is observed and perturbed).
@@ -66,10 +68,6 @@ class Reporter:
 _REPORTER: Reporter | None = None
 _MISSING = object()
 _CUDA = False   # NCCL for CUDA tensors (set by the rank of an NCCL run)
-
-
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _pre_dispatch_modes  # noqa: E402
 
 
 class _Guard:

@@ -59,7 +59,8 @@ def encode(t, budget: Budget) -> dict:
         return out
     dtype = out["dtype"]
     fmt = _FMT.get(dtype)
-    if fmt is None and t.is_floating_point():
+    widen = fmt is None and t.is_floating_point()   # half precisions travel as float32
+    if widen:
         fmt = "<f4"
     if fmt is None:  # complex, quantized ...: its shape says enough
         out["omitted"] = "dtype"
@@ -70,7 +71,7 @@ def encode(t, budget: Budget) -> dict:
         return out
     from .backend import _Guard
     with _Guard():   # the student's torch-function or dispatch modes never see (nor forge) what is reported
-        source = t.to(torch.float32) if _FMT.get(dtype) is None else t
+        source = t.to(torch.float32) if widen else t
         array = source.detach().reshape(-1).cpu().contiguous().numpy()
     out["fmt"], out["data"] = fmt, base64.b64encode(array.astype(fmt, copy=False).tobytes()).decode()
     return out
