@@ -12,12 +12,13 @@ from pathlib import Path
 from .exercise import registry
 from .exercise.spec import Exercise
 from .model import CheckResult, GradingResult, Note, Outcome, Words
-from .processes.runner import Runner, RunRequest
+from .processes.runner import Runner
 from .submission import load as loader
 from .submission import static
 from .verify import score
-from .verify.judge import Judge, WorldSizeRuns
-from .feedback.teach import exercise_notes, teaching_notes
+from .verify.judge import Judge
+from . import plan
+from .verify.teach import exercise_notes, teaching_notes
 
 
 def choose_exercise(submission: loader.Submission, name: str | None, extra: list[str] | None = None) -> Exercise:
@@ -28,18 +29,20 @@ def choose_exercise(submission: loader.Submission, name: str | None, extra: list
 
 
 def grade_path(path: Path, *, runner: Runner, exercise: str | Exercise | None = None, include_hidden: bool = True,
-               backend: str = "auto", show_output: bool = True, exercises_dir: list[str] | None = None) -> GradingResult:
+               backend: str = "auto", show_output: bool = True, real_backend: bool = True,
+               exercises_dir: list[str] | None = None) -> GradingResult:
     return grade(loader.load(path), runner=runner, exercise=exercise, include_hidden=include_hidden,
-                 backend=backend, show_output=show_output, exercises_dir=exercises_dir)
+                 backend=backend, show_output=show_output, real_backend=real_backend, exercises_dir=exercises_dir)
 
 
 def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exercise | None = None,
-          include_hidden: bool = True, backend: str = "auto", show_output: bool = True,
+          include_hidden: bool = True, backend: str = "auto", show_output: bool = True, real_backend: bool = True,
           exercises_dir: list[str] | None = None) -> GradingResult:
     """Grade one submission. Never raises: a failure of the grader itself becomes a zero with the traceback.
 
-    show_output: also make the clean run of the visible world size, whose rank output the report shows
-    (a perturbed run prints perturbed numbers). Batch grading, which shows no output, leaves it out."""
+    show_output: someone waits for this grading and reads its output (`check`, `grade`): the runs that may
+    be needed start at once (plan.py). real_backend: run the code once on torch's own gloo / NCCL at the
+    visible world size too (its output, its real times; failing there costs that world size's points)."""
     started = time.monotonic()
     try:
         chosen = exercise if isinstance(exercise, Exercise) else choose_exercise(submission, exercise, exercises_dir)
@@ -51,7 +54,7 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
         return result
     checks = list(chosen.selected(include_hidden))
     try:
-        result = _grade(submission, chosen, checks, runner, backend, show_output)
+        result = _grade(submission, chosen, checks, runner, backend, show_output, real_backend)
     except Exception:
         result = GradingResult(submission.filename, [CheckResult(c, Outcome.GRADER_ERROR) for c in checks],
                                exercise=chosen.name, grader_error=traceback.format_exc())
@@ -59,7 +62,8 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
     return result
 
 
-def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str, show_output: bool) -> GradingResult:
+def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str, show_output: bool,
+           real_backend: bool) -> GradingResult:
     result = GradingResult(submission.filename, [], exercise=exercise.name)
     result.summary += [Note(n.key, n.params) for n in getattr(submission, "notes", ())]
     static_checks = [c for c in checks if c.kind == "static"]
@@ -86,26 +90,25 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.summary.append(Note("static.todo", {"entry": exercise.entry, "todo": Words(*exercise.todo)}))
     result.layers = runner.layer_names()
     judge = Judge(exercise, submission.source)
-    runs = _run_all(submission, exercise, judge, exercise.world_sizes(runtime_checks), runner, backend, show_output,
-                    tuple(report.torch_modules), report.self_checks)
+    runs = plan.run_all(submission, exercise, judge, exercise.world_sizes(runtime_checks), runner, backend=backend,
+                        show_output=show_output, real=real_backend, preload=tuple(report.torch_modules),
+                        self_checks=report.self_checks)
     for check in runtime_checks:
-        ws_runs = runs.get(check.world_size)
-        if ws_runs is None:
-            result.checks.append(CheckResult(check, Outcome.GRADER_ERROR, notes=[
-                Note("backend.nccl_unavailable", {"ws": check.world_size, "gpus": runner.gpus})]))
-            continue
-        result.checks.append(judge.evaluate(check, ws_runs))
+        result.checks.append(judge.evaluate(check, runs[check.world_size]))
     judge.overrule_static(result.checks, runs)
-    result.runs = [_run_summary(run) for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed)
-                   if run is not None]
+    judge.real_backend(result.checks, runs)
+    result.runs = [_run_summary(run) for ws_runs in runs.values()
+                   for run in (ws_runs.clean, *ws_runs.perturbed, ws_runs.real) if run is not None]
     visible = exercise.visible_world_sizes
     if visible and visible[0] in runs:
         ws_runs = runs[visible[0]]
-        shown = ws_runs.clean or ws_runs.perturbed[0]  # timings and volumes: either run will do
-        result.teaching = teaching_notes(shown, exercise) + exercise_notes(exercise, shown)
-        if ws_runs.clean is not None:
-            result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in ws_runs.clean.ranks
-                              if rec.output_total]
+        measured = ws_runs.clean or ws_runs.perturbed[0]   # sizes and traffic: the switch's either way
+        result.teaching = teaching_notes(measured, exercise, ws_runs.real) + exercise_notes(exercise, measured)
+        shown = ws_runs.real or ws_runs.clean   # what the student's code printed (never a perturbed run's numbers)
+        if shown is not None:
+            result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in shown.ranks if rec.output_total]
+        if real_backend and ws_runs.real is None and plan.backend_for(visible[0], backend, runner.gpus) is None:
+            result.summary.append(Note("backend.nccl_unavailable", {"ws": visible[0], "gpus": runner.gpus}))
     return result
 
 
@@ -116,70 +119,3 @@ def _run_summary(run) -> dict:
             "ranks": [{"how": (rec.result or {}).get("how"), "exit": rec.exit, "setup_error": rec.setup_error,
                        "inside": rec.inside.op if rec.inside is not None else None, "calls": len(rec.calls),
                        "output_bytes": rec.output_total} for rec in run.ranks]}
-
-
-def _backend_for(ws: int, backend: str, gpus: int) -> str | None:
-    if backend == "gloo":
-        return "gloo"
-    if backend == "nccl":
-        return "nccl" if gpus >= ws else None
-    return "nccl" if gpus >= ws else "gloo"
-
-
-def _perturbed_ops(exercise: Exercise) -> tuple[str, ...]:
-    """The operations a perturbed run perturbs: those the quantities come through, and those the exercise
-    forbids (a value that went through a forbidden operation can then still be shown right, if not
-    allowed: the "uses" check says so)."""
-    ops = []
-    forbidden = [op for check in exercise.checks if check.kind == "uses" for op in check.forbid]
-    for op in [op for quantity in exercise.quantities for op in quantity.through] + list(exercise.forbidden) + forbidden:
-        ops += ["send", "recv"] if op in ("send", "recv") else [op]
-    return tuple(dict.fromkeys(ops))
-
-
-def _run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: Runner, backend: str,
-             show_output: bool, preload: tuple, self_checks: bool = False) -> dict[int, WorldSizeRuns]:
-    """Round 1, all at once: a perturbed run per world size, and (show_output) the clean run of the visible
-    one, whose output the report shows. A world size whose perturbed run proves every value needs nothing
-    more (Judge.proven): an honest submission costs one run per world size, plus the visible clean run.
-    Round 2: the clean runs of the other world sizes, which diagnose what is wrong.
-    Round 3 (rare): a run perturbing only the operations of a quantity that rounds 1-2 could not observe
-    (an honest assert fired before it was computed).
-    `self_checks` (the code asserts or raises on its own values, which a perturbed run's deltas can make
-    fail, so that round 2 follows): `grade` and `check`, which someone waits for, start round 2's clean runs
-    in round 1; each is kept only where its perturbed run does not decide alone, as in two rounds."""
-    gpus = runner.gpus if backend != "gloo" else 0
-    plan = {ws: _backend_for(ws, backend, gpus) for ws in world_sizes}
-    plan = {ws: chosen for ws, chosen in plan.items() if chosen is not None}
-    names = tuple(q.name for q in exercise.quantities)
-
-    def request(ws: int, perturb: tuple, label: str) -> RunRequest:
-        return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
-                          entry=exercise.entry, quantities=names, backend=plan[ws], perturb=perturb,
-                          label=label, preload=preload)
-
-    every = _perturbed_ops(exercise)
-    visible = exercise.visible_world_sizes
-    first = [request(ws, every, "perturbed") for ws in plan]
-    first += [request(ws, (), "clean") for ws in plan if show_output and ws in visible[:1]]
-    early = {ws for ws in plan if show_output and self_checks and ws not in visible[:1]}
-    first += [request(ws, (), "clean") for ws in sorted(early)]
-    runs: dict[int, WorldSizeRuns] = {}
-    for outcome in runner.run_many(first):
-        entry = runs.setdefault(outcome.request.world_size, WorldSizeRuns(outcome.request.world_size))
-        if outcome.request.perturb:
-            entry.perturbed.append(outcome)
-        else:
-            entry.clean = outcome
-    for ws in early:
-        if ws in runs and runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]):
-            runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
-    second = [request(ws, (), "clean") for ws, entry in runs.items()
-              if entry.clean is None and not judge.proven(entry.perturbed[0])]
-    for outcome in runner.run_many(second) if second else []:
-        runs[outcome.request.world_size].clean = outcome
-    third = [request(ws, ops, "perturbed-" + "+".join(ops))
-             for ws, entry in runs.items() for ops in judge.unobserved(entry)]
-    for outcome in runner.run_many(third) if third else []:
-        runs[outcome.request.world_size].perturbed.append(outcome)
-    return runs

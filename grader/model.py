@@ -36,6 +36,7 @@ class Outcome(str, enum.Enum):
     WRONG = "wrong"                      # wrong shape, dtype or values
     NOT_COLLECTIVE = "not_collective"    # right numbers, but not derived from what the communication delivered
     FORBIDDEN = "forbidden"              # static: an operation the exercise does not allow
+    REAL_BACKEND = "real_backend"        # passed through the switch, failed (or answered otherwise) on real gloo/NCCL
     GRADER_ERROR = "grader_error"
 
 

@@ -131,6 +131,10 @@ MISTAKES = [
      [("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather"], "line": 10})]),
     ("m23_all_gather_object", 55, ids((2, 3, 4), "all_gather", "not_collective"),
      [("cause.object_collective", {"op": "all_gather_object"})]),
+    # once an honest style (the old grader flattened the output before gloo saw it): gloo refuses the stacked
+    # form torch's docstring allows (NCCL takes it), as the switch and the real-backend run both show
+    ("m24_stacked_output_on_gloo", 55, ids((2, 3, 4), "all_gather", "exception"),
+     [("cause.stacked_output", {"op": "all_gather_single"})]),
 ]
 BY_NAME = {m[0]: m for m in MISTAKES}
 # "hard-coded world size" is said only where the value follows a constant of the source

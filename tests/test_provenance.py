@@ -1,95 +1,20 @@
-"""Provenance on synthetic observations (verify/observe.py, verify/provenance.py): no processes.
+"""Provenance on records the grader's switch made (verify/observe.py, verify/provenance.py): no processes.
 
-A small simulator plays the ranks: what each sends (its contribution, before the secret deltas), the
-deltas the supervisor's seeds imply (perturb.delta_values), and what gloo delivers. The Tracer must
-prove every honest shape of the computation and refuse every answer that did not travel.
+The ranks are played in-process against the real switch (tests/switchsim.py): what each sends, the
+secret deltas the switch adds, and what it delivers. The Tracer must prove every honest shape of the
+computation and refuse every answer that did not travel.
 """
 from __future__ import annotations
-
-import base64
 
 import numpy as np
 import pytest
 
 from grader.exercise.spec import Quantity
-from grader.processes.protocol import Call
-from grader.processes.runner import RankRecord, RunOutcome, RunRequest
 from grader.verify.observe import RunView
-from grader.verify.perturb import delta_values
 from grader.verify.provenance import Tracer
+from switchsim import Sim
 
 N = 8  # elements per rank's data (small: the logic is the same)
-
-
-def desc(values) -> dict:
-    array = np.asarray(values, dtype=np.float64).reshape(-1)
-    return {"dtype": "torch.float32", "shape": [array.size], "numel": array.size, "fmt": "<f8",
-            "data": base64.b64encode(array.tobytes()).decode()}
-
-
-class Sim:
-    """Ranks that communicate through a perfect gloo, recording what protocol.Call would."""
-
-    def __init__(self, ws: int, perturb: bool = True):
-        self.ws, self.perturb = ws, perturb
-        self.records = [RankRecord(r) for r in range(ws)]
-        self.seed = 1000
-        self.clock = 0
-
-    def _call(self, rank, op, method, sent, outputs, **kw) -> Call:
-        rec = self.records[rank]
-        call = Call(rank=rank, seq=len(rec.calls), method=method, op=op, group=tuple(range(self.ws)),
-                    sends=sent is not None, receives=outputs > 0, inputs=[desc(s) for s in (sent or [])],
-                    outputs=[{"numel": 0}] * outputs, **kw)
-        self.clock += 1
-        call.entered_at = self.clock
-        if self.perturb and sent is not None:
-            self.seed += 1
-            call.seed = self.seed
-        rec.calls.append(call)
-        return call
-
-    def _with_deltas(self, call: Call, sent: list) -> list[np.ndarray]:
-        out = []
-        for k, s in enumerate(sent):
-            s = np.asarray(s, dtype=np.float64)
-            d = delta_values(call.seed + k, s.size, "torch.float32") if call.seed is not None else None
-            out.append(s + (d if d is not None else 0))
-        return out
-
-    def _deliver(self, call: Call, delivered: list) -> None:
-        self.clock += 1
-        call.completed, call.ok, call.completed_at = True, True, self.clock
-        call.delivered = [desc(d) for d in delivered]
-
-    def all_reduce(self, contributions: list, reduce: str = "SUM") -> list[np.ndarray]:
-        calls = [self._call(r, "all_reduce", "allreduce", [c], 1, reduce=reduce) for r, c in enumerate(contributions)]
-        total = sum(self._with_deltas(call, [c])[0] for call, c in zip(calls, contributions))
-        if reduce == "AVG":
-            total = total / self.ws
-        elif reduce == "MAX":
-            total = np.max([self._with_deltas(call, [c])[0] for call, c in zip(calls, contributions)], axis=0)
-        for call in calls:
-            self._deliver(call, [total])
-        return [total.copy() for _ in calls]
-
-    def all_gather(self, contributions: list) -> list[np.ndarray]:
-        calls = [self._call(r, "all_gather", "allgather", [c], self.ws) for r, c in enumerate(contributions)]
-        parts = [self._with_deltas(call, [c])[0] for call, c in zip(calls, contributions)]
-        for call in calls:
-            self._deliver(call, parts)
-        return [np.concatenate(parts) for _ in calls]
-
-    def send_recv(self, src: int, dst: int, values) -> np.ndarray:
-        send = self._call(src, "send", "send", [values], 0, peer=dst, tag=0)
-        recv = self._call(dst, "recv", "recv", None, 1, peer=src, tag=0)
-        got = self._with_deltas(send, [values])[0]
-        self._deliver(send, [])
-        self._deliver(recv, [got])
-        return got
-
-    def run(self) -> RunOutcome:
-        return RunOutcome(RunRequest(world_size=self.ws, source="", filename="s.py", perturb=("all_reduce",)), self.records)
 
 
 def gradient(rank, ws):
@@ -254,12 +179,13 @@ def test_a_rank_missing_from_a_sum_is_named():
     assert weights.key == "weights" and weights.params["missing"] == [2]
 
 
-def test_delivered_data_that_lacks_the_deltas_is_refused():
-    """A rank that switched the perturbation off (or an operation paired with the wrong one) delivers
-    data that is not what the senders sent plus the supervisor's deltas."""
+def test_a_record_that_does_not_hold_together_is_refused():
+    """What was delivered must be what entered the operation, combined as the switch records it: a record
+    edited afterwards (the plain sum, no deltas) proves nothing."""
     sim = Sim(2)
     sim.all_reduce([gradient(r, 2) for r in range(2)])
-    for rec in sim.records:                      # what arrived: the plain sum, no deltas
-        rec.calls[0].delivered = [desc(np.full(N, 3.0))]
+    for rec in sim.records:
+        rec.calls[0].delivered_arrays = [np.full(N, 3.0, dtype=np.float32)]
+        rec.calls[0].__dict__.pop("_delivered64", None)
     proofs = prove(sim, MEAN, [np.full(N, 1.5)] * 2)
     assert {p.finding.key for p in proofs} == {"inconsistent"}

@@ -81,7 +81,8 @@ MISTAKES = {
                                   "ws2.ring": ["cause.traffic_needs_value"]}),
     "m02_no_all_gather": (20, {"ws2.values": ["ring_allreduce.cause.no_all_gather"], "ws5.values": ["ring_allreduce.cause.no_all_gather"]}),
     "m03_only_divisible": (20, {"ws2.values": ["ring_allreduce.cause.uneven"], "ws3.values": ["ring_allreduce.cause.uneven"]}),
-    "m04_deadlock_send_first": (20, {"ws2.values": ["fail.deadlock_inside", "cause.all_blocked_in_send"],
+    # every rank blocked in its first send: send/recv never completed, so the run-time "used" check fails too
+    "m04_deadlock_send_first": (10, {"ws2.values": ["fail.deadlock_inside", "cause.all_blocked_in_send"],
                                      "ws5.values": ["cause.all_blocked_in_send"]}),
     "m05_gather_to_root": (65, {"ws2.traffic": ["cause.traffic_sends"], "ws4.ring": ["cause.traffic_gather"],
                                 "ws4.traffic": ["cause.traffic_sends", "cause.traffic_whole"]}),
@@ -143,7 +144,9 @@ CHEATS = {  # the checks each one fakes
     "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
     "c03_local_answer_sent_around": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
     "c04_collective_on_private_group": CHECK_IDS,
-    "c05_inner_gloo_group": CHECK_IDS,   # reaches past the observed layer: gloo's own numbering shows it
+    # there is no real gloo group inside a rank any more: its all-reduce has nothing to run on, and what is
+    # left is a token ring of send/recv and no collective, which the run-time "uses" check measures as such
+    "c05_inner_gloo_group": [c for c in CHECK_IDS if c != "ws2.p2p_only"],
 }
 
 
@@ -325,4 +328,4 @@ def test_unchanged_stub_scores_zero():
     proc = run_cli("check", str(ROOT / "assignments" / EX / f"{EX}.py"), "--lang", "en")
     assert proc.returncode == 1
     assert "Score: 0 / 40" in proc.stdout and "raised NotImplementedError" in proc.stdout
-    assert "send/recv was never used." in proc.stdout and "was not used" not in proc.stdout
+    assert "send/recv was never used (none completed)." in proc.stdout and "was not used" not in proc.stdout

@@ -1,4 +1,5 @@
-"""The transport on its own: runs, isolation between gradings, output caps, zygote recovery."""
+"""The transport on its own: runs through the switch, real-backend runs, isolation between gradings, output
+caps, zygote recovery."""
 from __future__ import annotations
 
 import json
@@ -13,10 +14,12 @@ import pytest
 from conftest import FIXTURES, PY, ROOT
 from grader.processes import launch
 from grader.processes.zygote import COLLAPSE_AFTER_RUNS
-from grader.processes.protocol import values
 from grader.processes.runner import Runner, RunRequest
 from grader.processes.sandbox import Limits
-from grader.verify.perturb import delta_values
+
+
+def values(desc):
+    return desc["array"]
 
 ECHO = """
 import torch, torch.distributed as dist
@@ -60,26 +63,43 @@ def test_ranks_report_calls_values_and_output(runner):
     for rec in out.ranks:
         assert rec.result["how"] == "return" and rec.result["source"] == "return"
         assert values(rec.result["values"]["t"]).tolist() == [6.0] * 4
-        assert rec.result["values"]["u"] is None
+        assert rec.result["values"]["u"] == {"kind": "missing"}
         [call] = rec.calls
         assert (call.op, call.method, call.api, call.line, call.sends, call.receives) == ("all_reduce", "allreduce", "all_reduce", 5, True, True)
-        assert call.completed and call.ok and call.waited and call.seed is None   # a clean run: nothing perturbed
-        assert call.sent_values()[0].tolist() == [rec.rank + 1.0] * 4               # what this rank contributed
-        assert call.delivered_values()[0].tolist() == [6.0] * 4                     # what the network delivered
+        assert call.completed and call.ok and call.waited and call.perturbed is None   # a clean run: nothing perturbed
+        assert call.sent_values()[0].tolist() == [rec.rank + 1.0] * 4               # what this rank sent the switch
+        assert call.delivered_values()[0].tolist() == [6.0] * 4                     # what the switch delivered
         assert f"rank {rec.rank} says [6.0, 6.0, 6.0, 6.0]" in rec.output_text()
 
 
 @pytest.mark.timeout(60)
-def test_a_perturbed_run_adds_secret_deltas_the_supervisor_keeps(runner):
+def test_a_perturbed_run_adds_secret_deltas_at_the_switch(runner):
+    """The deltas never exist in a rank: the switch adds them to its own copy of what each rank sent, and
+    what it delivers is the sum of what entered (each rank got it, and printed it)."""
     [out] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"),
                                         perturb=("all_reduce",))])
-    seeds = [rec.calls[0].seed for rec in out.ranks]
-    assert all(isinstance(s, int) for s in seeds) and seeds[0] != seeds[1]
-    assert out.seeds == {(0, 0): seeds[0], (1, 0): seeds[1]}
-    deltas = [delta_values(s, 4, "torch.float32") for s in seeds]
-    delivered = out.ranks[0].calls[0].delivered_values()[0]
-    assert delivered.tolist() == (3.0 + deltas[0] + deltas[1]).tolist()           # exact: powers of two
-    assert out.ranks[0].calls[0].sent_values()[0].tolist() == [1.0] * 4           # the student's tensor, untouched
+    calls = [rec.calls[0] for rec in out.ranks]
+    deltas = [c.deltas() for c in calls]
+    assert all((d > 0).all() for d in deltas) and deltas[0].tolist() != deltas[1].tolist()
+    delivered = calls[0].delivered_values()[0]
+    entered = [c.entered_values()[0] for c in calls]
+    assert delivered.tolist() == (entered[0] + entered[1]).astype("float32").tolist()
+    assert calls[0].sent_values()[0].tolist() == [1.0] * 4                        # the student's tensor, as sent
+    assert f"says {[float(x) for x in delivered.astype('float32')]}" in out.ranks[1].output_text()
+
+
+@pytest.mark.timeout(60)
+def test_a_real_backend_run_times_its_calls_on_gloo(runner):
+    """torch's own gloo between the ranks (their own network, the run's store): the answers and the ranks'
+    own timings come back; nothing passes through the switch."""
+    [out] = runner.run_many([RunRequest(world_size=3, source=ECHO, filename="echo.py", quantities=("t", "u"),
+                                        mode="real")])
+    assert out.stop == "completed"
+    for rec in out.ranks:
+        assert values(rec.result["values"]["t"]).tolist() == [6.0] * 4
+        assert rec.calls == []
+        [timing] = rec.timings
+        assert timing["op"] == "all_reduce" and timing["line"] == 5 and timing["ms"] > 0 and timing["bytes"] == 16
 
 
 @pytest.mark.timeout(60)
@@ -89,7 +109,7 @@ def test_observing_and_perturbing_imports_nothing_in_a_rank(runner):
     [out] = runner.run_many([RunRequest(world_size=2, source=IMPORTS, filename="imports.py", quantities=("t", "u"),
                                         perturb=("all_reduce", "all_gather"))])
     assert out.stop == "completed"
-    assert all(call.seed is not None for rec in out.ranks for call in rec.calls)
+    assert all(call.perturbed is not None for rec in out.ranks for call in rec.calls)
     for rec in out.ranks:
         assert "imported: []" in rec.output_text(), rec.output_text()
 

@@ -1,4 +1,4 @@
-"""The teaching report's numbers (feedback/teach.py) and the message catalog (feedback/messages.py), directly."""
+"""The teaching report's numbers (verify/teach.py) and the message catalog (feedback/messages.py), directly."""
 from __future__ import annotations
 
 import string
@@ -7,9 +7,9 @@ import pytest
 
 from grader.feedback import messages, render
 from grader.model import Note
-from grader.processes.protocol import Call
 from grader.processes.runner import RankRecord, RunOutcome, RunRequest
-from grader.feedback.teach import ring_volume, teaching_notes
+from grader.switch import Call
+from grader.verify.teach import ring_volume, teaching_notes
 
 
 @pytest.mark.parametrize("op, n, size, volume, formula", [
@@ -23,25 +23,30 @@ def test_ring_volume(op, n, size, volume, formula):
     assert ring_volume(op, n, size) == (volume, formula)
 
 
-def _call(rank, seq, op, method, numel, dtype, ms, outputs=1, api=None):
-    """A completed operation as a rank reports it (protocol.Call): `numel` elements sent per rank."""
+def _call(rank, seq, op, method, numel, dtype, outputs=1, api=None):
+    """A completed operation as the switch records it (switch.Call): `numel` elements sent per rank."""
     tensor = {"dtype": dtype, "shape": [numel], "numel": numel}
     call = Call(rank=rank, seq=seq, method=method, op=op, group=(0, 1, 2, 3), sends=True, receives=True,
                 api=api or op, inputs=[tensor], outputs=[tensor] * outputs)
-    call.completed, call.ok, call.ms = True, True, ms
+    call.completed, call.ok = True, True
     call.delivered = [tensor] * outputs
     return call
 
 
 def test_teaching_notes_per_rank_and_collective():
-    ranks = []
+    ranks, timed = [], []
     for r in range(4):
         rec = RankRecord(r)
-        rec.calls = [_call(r, 0, "all_reduce", "allreduce", 1024, "torch.float64", 2.0),
-                     _call(r, 1, "all_gather", "allgather", 128, "torch.float32", 0.5, outputs=4)]
+        rec.calls = [_call(r, 0, "all_reduce", "allreduce", 1024, "torch.float64"),
+                     _call(r, 1, "all_gather", "allgather", 128, "torch.float32", outputs=4)]
         ranks.append(rec)
+        real = RankRecord(r)   # the real-backend run: its ranks' own timings of the same calls
+        real.timings = [{"op": "all_reduce", "ms": 2.0}, {"op": "all_gather", "ms": 0.5}]
+        timed.append(real)
     run = RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), ranks)
-    notes = teaching_notes(run)
+    assert teaching_notes(run)[0] == Note("teach.header_untimed", {"ws": 4, "backend": "-"})   # no real run: no times
+    assert all(n.key == "teach.collective_untimed" for n in teaching_notes(run)[1:])
+    notes = teaching_notes(run, real=RunOutcome(RunRequest(world_size=4, source="", filename="s.py", mode="real"), timed))
     assert notes[0] == Note("teach.header", {"ws": 4, "backend": "gloo"})
     by = {(n.params["rank"], n.params["op"]): n.params for n in notes[1:]}
     assert len(by) == 8
@@ -58,9 +63,9 @@ def test_teaching_notes_per_rank_and_collective():
 
 def test_point_to_point_traffic_per_rank():
     rec = RankRecord(0)
-    send = _call(0, 0, "send", "send", 100, "torch.float32", 0.1)
+    send = _call(0, 0, "send", "send", 100, "torch.float32")
     send.receives, send.delivered, send.peer = False, [], 1
-    recv = _call(0, 1, "recv", "recv", 50, "torch.float32", 0.1)
+    recv = _call(0, 1, "recv", "recv", 50, "torch.float32")
     recv.sends, recv.inputs, recv.peer = False, [], 3
     rec.calls = [send, recv]
     run = RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), [rec])

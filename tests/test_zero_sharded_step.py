@@ -207,9 +207,9 @@ def test_gradescope_zip_for_the_exercise_grades_a_submission(tmp_path):
 def test_teach_lines_are_the_chapters_numbers():
     """Per rank and step: reduce-scatter and all-gather each (N-1)/N x S, together one all-reduce's
     2(N-1)/N x S; the momentum elements held beside the unsharded count (a synthetic run, no processes)."""
-    from grader.processes.protocol import Call
+    from grader.switch import Call
     from grader.processes.runner import RankRecord, RunOutcome, RunRequest
-    from grader.feedback.teach import exercise_notes
+    from grader.verify.teach import exercise_notes
     exercise = registry.get(EX)
 
     def call(rank, seq, op, numel):
@@ -285,13 +285,13 @@ def test_the_first_exercise_path_is_unchanged():
     planned for them perturb the same operations, and loading every exercise imports no torch (the
     supervisor never does)."""
     import subprocess
-    from grader import api
+    from grader import plan
     from grader.submission import static
     probe = "import sys; from grader.exercise import registry; registry.available(); print('torch' in sys.modules)"
     assert subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout == "False\n"
     first = registry.available()["dist_primitives"]
     assert first.teach is None and first.diagnose is None
-    assert api._perturbed_ops(first) == ("all_reduce", "all_gather")
+    assert plan.perturbed_ops(first) == ("all_reduce", "all_gather")
     bench_src = (ROOT / "bench" / "bench.py").read_text(encoding="utf-8")
     templates = ast.literal_eval(next(node.value for node in ast.parse(bench_src).body
                                       if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "TEMPLATES"))

@@ -166,7 +166,7 @@ class Exercise:
     diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
     #                                        context: calls, value, outcome, error (verify/diagnose.exercise_causes)
     teach: Callable | None = None          # (run, ctx) -> [(key, params)]: the exercise's own lines in the
-    #                                        report's communication section (feedback/teach.exercise_notes)
+    #                                        report's communication section (verify/teach.exercise_notes)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
     folder: str = ""                       # where the exercise was loaded from (set by the registry)
 

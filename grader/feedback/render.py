@@ -13,7 +13,7 @@ HINTS = {
     Outcome.EARLY_EXIT: "hint.crash", Outcome.TODO: "hint.todo", Outcome.NOT_SUBMITTED: "hint.not_submitted",
     Outcome.SYNTAX_ERROR: "hint.not_submitted", Outcome.NO_ENTRY: "hint.not_submitted",
     Outcome.GRADER_ERROR: "hint.grader_error", Outcome.NOT_CALLED: "hint.wrong", Outcome.FORBIDDEN: "hint.forbidden",
-    Outcome.NO_EXERCISE: "hint.not_submitted",
+    Outcome.NO_EXERCISE: "hint.not_submitted", Outcome.REAL_BACKEND: "hint.real_backend",
 }
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.
@@ -21,7 +21,8 @@ SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce", "formula"}   # formul
 HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden",
                    "cause.p2p_unmatched": "cause.p2p_unmatched_generic", "cause.p2p_too_long": "cause.p2p_too_long_generic",
                    **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"
-                      for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole")}}
+                      for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole",
+                               "chunk", "dtype")}}
 
 
 def note(n: Note, lang: str) -> str:

@@ -50,12 +50,12 @@ def run(spec: dict, channel, load, init) -> None:
     rank, ws = spec["rank"], spec["world_size"]
     opts = options(spec)
     timeout = timedelta(seconds=spec["timeout"])
-    from .protocol import make_store
+    from .real import make_store
     store = make_store(spec, ws)
     init(backend="gloo", store=store, rank=rank, world_size=ws, timeout=timeout)
     store.set(f"connected/{rank}", "1")
     store.wait([f"connected/{r}" for r in range(ws)], timeout)
-    channel.send(t="ready")
+    channel.send({"t": "ready"})
     error = None
     try:
         fn = getattr(load(spec), spec["entry"])
@@ -64,7 +64,7 @@ def run(spec: dict, channel, load, init) -> None:
     baseline = getattr(dist, opts.get("baseline", "all_reduce"))
     expected = ws * (ws + 1) / 2
     def report(**row):
-        channel.send(t="note", what=json.dumps(row))
+        channel.send({"t": "note", "what": json.dumps(row)})
 
     if error:
         report(error=error)
@@ -90,4 +90,4 @@ def run(spec: dict, channel, load, init) -> None:
             baseline(torch.ones(numel))              # warm-up (large sizes warm up on the way)
         seconds, _ = _timed(baseline, numel, rank, reps)
         report(impl=name, bytes=numel * 4, ms=seconds * 1000, reps=reps)
-    channel.send(t="result", how="return", values={})
+    channel.send({"t": "result", "how": "return", "values": {}})

@@ -1,27 +1,27 @@
-"""Inside one rank process: run the student's entry function and report what happened, as plain data.
+"""Inside one rank process: run the student's entry function and report its answers, as plain data.
 
 The zygote imports this module (and torch) once; each rank is a fork of it. A rank:
-  1. reads its spec (one JSON line) from its control pipe;
-  2. joins the grader's process group, built on the observed backend (backend.py) over a fresh store
-     per run (see runner.py);
-  3. loads the submission's definitions only (static.definitions_only), never its launch calls;
-  4. calls the exercise's entry function, while the backend reports every operation: what this rank
-     sent, and what was delivered to it (protocol.py);
+  1. reads its spec (the first frame on its one socket to the grader, channel.py);
+  2. joins the run's process group: in a graded run the switch's (backend.py, over an in-process store: no
+     network, no store another rank could reach); in a real-backend run plain gloo (or NCCL) over the run's
+     TCP store, its calls timed (real.py); in a bench run, bench_rank.py;
+  3. writes the submission's extra files (a notebook's %%writefile cells) into its working folder, and
+     loads the submission's definitions only (static.definitions_only), never its launch calls;
+  4. calls the exercise's entry function;
   5. reports the quantities the exercise names: returned, or the entry function's final locals.
 
-Nothing here judges: the supervisor does, in another process, from this plain data. Tensor reads run
-with torch-function and dispatch modes disabled, on methods taken from torch._C.TensorBase at import,
-so patching torch, builtins or Tensor methods from the submission changes nothing here.
+Nothing here judges and nothing here is trusted: the switch measured every byte that crossed between ranks,
+and the supervisor judges these answers against it. Tensor reads run with torch-function and dispatch modes
+disabled, on methods taken from torch._C.TensorBase at import, so patching torch, builtins or Tensor
+methods from the submission changes nothing here.
 """
 from __future__ import annotations
 
 import ast
 import builtins
-import json
 import linecache
 import os
 import sys
-import threading
 import types
 from datetime import timedelta
 
@@ -30,10 +30,11 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ..submission import static
-from . import backend, bench_rank, protocol
+from . import backend, bench_rank, real, values
+from .channel import Channel
 
 _TB = torch._C.TensorBase
-_write, _read = os.write, os.read
+_read = os.read
 _BUILTINS = dict(builtins.__dict__)  # as the zygote imported them, before any student code
 
 
@@ -44,76 +45,20 @@ def _restore_builtins() -> None:
         builtins.__dict__.update(_BUILTINS)
 
 
-class _Channel:
-    """Newline-delimited JSON to the supervisor (thread-safe: the backend reports from its threads)."""
+class RankLink(backend.Link):
+    """What the backend needs of this rank: its channel, the student's files, snapshots of the entry's locals."""
 
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.lock = threading.Lock()
-
-    def send(self, **msg) -> None:
-        data = memoryview((json.dumps(msg, default=repr) + "\n").encode())
-        with self.lock:
-            while data:
-                data = data[_write(self.fd, data):]
-
-
-class _LineReader:
-    """Lines from the supervisor on the control pipe: the spec, then one seed per perturbed operation."""
-
-    def __init__(self, fd: int):
-        self.fd, self.buf = fd, b""
-
-    def readline(self) -> bytes:
-        while b"\n" not in self.buf:
-            chunk = _read(self.fd, 1 << 16)
-            if not chunk:
-                raise EOFError("control pipe closed")
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line
-
-
-class RankReporter(backend.Reporter):
-    """Tells the supervisor about every operation the backend runs, and the entry function's locals."""
-
-    def __init__(self, spec: dict, channel: _Channel, control: _LineReader):
-        self.spec, self.channel, self.control = spec, channel, control
-        self.filename = spec["filename"]
-        self.perturbed = bool(spec.get("perturb"))
-        self.budget = protocol.Budget()
-        self.seq = 0
-        self.lock = threading.Lock()
+    def __init__(self, spec: dict, channel: Channel):
+        self.spec, self.channel = spec, channel
+        self.filenames = {spec["filename"], *spec.get("written", ())}
+        self.budget = values.Budget()
         self.entry_codes: set = set()
         self.snapped: dict[str, tuple] = {}
 
     def restore(self) -> None:
         _restore_builtins()
 
-    def enter(self, call: dict, sent: list, received: list) -> int | None:
-        with self.lock:
-            seq = call["seq"] = self.seq
-            self.seq += 1
-        self._snapshot()
-        call["inputs"] = [protocol.encode(t, self.budget) for t in sent]
-        call["outputs"] = [protocol.meta(t) for t in received]
-        self.channel.send(t="call", **call)
-        if not self.perturbed or not sent:
-            return None
-        reply = json.loads(self.control.readline())
-        if reply.get("seq") != seq:
-            raise RuntimeError("grader protocol out of step")
-        seed = reply.get("seed")
-        return int(seed) if isinstance(seed, int) else None
-
-    def complete(self, seq, ok, delivered, error, source, ms) -> None:
-        self.channel.send(t="complete", seq=seq, ok=ok, error=error, source=source, ms=round(ms, 4),
-                          delivered=[protocol.encode(t, self.budget) for t in delivered])
-
-    def waited(self, seq: int) -> None:
-        self.channel.send(t="wait", seq=seq)
-
-    def _snapshot(self) -> None:
+    def snapshot(self) -> None:
         """The tensors the entry function holds as it enters an operation: a rank left waiting there
         (another rank failed) is judged on them. Only tensors that changed since the last snapshot."""
         frame = sys._getframe(2)
@@ -121,7 +66,7 @@ class RankReporter(backend.Reporter):
             frame = frame.f_back
         if frame is None:
             return
-        changed = {}
+        changed, blobs = {}, []
         for name, value in list(frame.f_locals.items()):
             if isinstance(value, _TB):
                 try:
@@ -131,33 +76,39 @@ class RankReporter(backend.Reporter):
                 key = (id(value), version)
                 if self.snapped.get(name) != key:
                     self.snapped[name] = key
-                    changed[name] = protocol.describe(value, self.budget)
+                    changed[name] = values.describe(value, self.budget, blobs)
         if changed:
-            self.channel.send(t="snap", locals=changed)
+            self.channel.send({"t": "snap", "locals": changed}, blobs)
 
 
-_REPORTER: RankReporter | None = None
+_LINK: RankLink | None = None
+_CHANNEL: Channel | None = None
+
+
+def _note(what: str) -> None:
+    if _CHANNEL is not None:
+        _CHANNEL.send({"t": "note", "what": what})
 
 
 def _student_init_process_group(*args, **kwargs):
     """The grader owns the process group: a student's own init (fixed port and all) joins it instead."""
-    if _REPORTER is not None:
-        _REPORTER.channel.send(t="note", what="init_process_group")
+    if _CHANNEL is not None:
+        _note("init_process_group")
         if dist.is_initialized():
             return None
     return _ORIGINALS["init_process_group"](*args, **kwargs)
 
 
 def _student_destroy_process_group(group=None):
-    if _REPORTER is not None and group is None:
-        _REPORTER.channel.send(t="note", what="destroy_process_group")
+    if _CHANNEL is not None and group is None:
+        _note("destroy_process_group")
         return None
     return _ORIGINALS["destroy_process_group"](group)
 
 
 def _student_new_group(*args, **kwargs):
-    """A group the student makes is made on the grader's backend, whatever backend it names ("gloo"):
-    what travels through it is observed like the rest."""
+    """A group the student makes is made on the run's own backend, whatever backend it names ("gloo"):
+    in a graded run, what travels through it goes through the switch like the rest."""
     args = list(args)
     if len(args) > 2:
         args[2] = None
@@ -166,18 +117,27 @@ def _student_new_group(*args, **kwargs):
     return _ORIGINALS["new_group"](*args, **kwargs)
 
 
+def _student_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """torch allows monitored_barrier on gloo only, by its name: on the switch's group it is a barrier."""
+    pg = group if group is not None else c10d._get_default_group()
+    if dist.is_initialized() and isinstance(pg, backend.GraderProcessGroup):
+        return pg.monitored_barrier(timeout or timedelta(seconds=1800), wait_all_ranks)
+    return _ORIGINALS["monitored_barrier"](group, timeout, wait_all_ranks)
+
+
 _ORIGINALS: dict = {}
 
 
 def install_hooks() -> None:
-    """Register the observed backend and take over init/destroy of the default group. Called once, in
+    """Register the grader's backend and take over init/destroy of the default group. Called once, in
     the zygote; everything a rank imports later is imported here first (ranks cannot read the checkout)."""
     backend.install(None)
     if _ORIGINALS:
         return
     for name, replacement in (("init_process_group", _student_init_process_group),
                               ("destroy_process_group", _student_destroy_process_group),
-                              ("new_group", _student_new_group)):
+                              ("new_group", _student_new_group),
+                              ("monitored_barrier", _student_monitored_barrier)):
         _ORIGINALS[name] = getattr(c10d, name)
         for module in (dist, c10d):
             setattr(module, name, replacement)
@@ -185,20 +145,32 @@ def install_hooks() -> None:
 
 # ------------------------------------------------------------------------------------------------
 
-def _error_record(err: BaseException, filename: str) -> dict:
+def _error_record(err: BaseException, filenames) -> dict:
     frames = []
     tb = err.__traceback__
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code.co_filename == filename:
+        if code.co_filename in filenames:
             frames.append({"line": tb.tb_lineno, "function": code.co_name,
-                           "text": linecache.getline(filename, tb.tb_lineno).strip()[:200]})
+                           "text": linecache.getline(code.co_filename, tb.tb_lineno).strip()[:200],
+                           **({"file": os.path.basename(code.co_filename)} if len(filenames) > 1 else {})})
         tb = tb.tb_next
     try:
         message = str(err)[:2000]
     except BaseException:  # noqa: BLE001  (a student exception whose __str__ raises)
         message = "?"
     return {"type": type(err).__name__[:100], "message": message, "frames": frames[-8:]}
+
+
+def _write_files(spec: dict) -> None:
+    """A notebook's %%writefile cells, as Jupyter writes them: into the working folder, importable."""
+    for name, text in (spec.get("files") or {}).items():
+        path = os.path.join(os.getcwd(), name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    if spec.get("files") and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def _load_submission(spec: dict) -> types.ModuleType:
@@ -212,7 +184,7 @@ def _load_submission(spec: dict) -> types.ModuleType:
     return module
 
 
-def _entry_codes(entry, name: str, filename: str) -> set:
+def _entry_codes(entry, name: str, filenames) -> set:
     """The code objects whose locals are the entry function's: the student's own function, also when it
     is decorated (through `__wrapped__`, or a function of that name defined in the submission)."""
     codes = set()
@@ -220,7 +192,7 @@ def _entry_codes(entry, name: str, filename: str) -> set:
     fn = entry
     while fn is not None and seen < 32:
         code = getattr(fn, "__code__", None)
-        if code is not None and code.co_filename == filename and code.co_name == name:
+        if code is not None and code.co_filename in filenames and code.co_name == name:
             codes.add(code)
         fn = getattr(fn, "__wrapped__", None)
         seen += 1
@@ -230,7 +202,7 @@ def _entry_codes(entry, name: str, filename: str) -> set:
             code = stack.pop()
             if code is None:
                 continue
-            if code.co_name == name and code.co_filename == filename:
+            if code.co_name == name and code.co_filename in filenames:
                 codes.add(code)
             stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
         for cell in getattr(entry, "__closure__", None) or ():
@@ -239,56 +211,79 @@ def _entry_codes(entry, name: str, filename: str) -> set:
             except ValueError:
                 continue
             code = getattr(inner, "__code__", None)
-            if code is not None and code.co_name == name and code.co_filename == filename:
+            if code is not None and code.co_name == name and code.co_filename in filenames:
                 codes.add(code)
     return codes
 
 
-def _quantities(returned, final_locals: dict, names: list[str], budget) -> tuple[dict, str]:
+def _quantities(returned, final_locals: dict, names: list[str], budget, blobs: list) -> tuple[dict, str]:
     """Each named quantity as plain data, and where it came from ("return" or "locals")."""
-    values = protocol.unpack_returned(returned, names)
+    found = values.unpack_returned(returned, names)
     source = "return"
-    if values is None:
-        values, source = {n: final_locals.get(n) for n in names}, "locals"
+    if found is None:
+        found, source = {n: final_locals.get(n) for n in names}, "locals"
     out = {}
     for name in names:
-        value = values.get(name)
-        out[name] = None if value is None else protocol.describe(value, budget)
+        value = found.get(name)
+        out[name] = None if value is None else values.describe(value, budget, blobs)
     return out, source
 
 
-def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
+def _join(spec: dict, channel: Channel) -> None:
+    """The run's process group, before any student code."""
+    global _LINK
+    rank, world_size = spec["rank"], spec["world_size"]
+    timeout = timedelta(seconds=spec["timeout"])
+    if spec["mode"] == "real":
+        store = real.make_store(spec, world_size)
+        _ORIGINALS["init_process_group"](backend="cpu:gloo,cuda:nccl" if spec["backend"] == "nccl" else "gloo",
+                                         store=store, rank=rank, world_size=world_size, timeout=timeout)
+        if spec["backend"] == "nccl":
+            torch.cuda.set_device(rank)
+        # No student code before every rank has connected: a rank that exits at once (os._exit) would
+        # otherwise break a slower rank's handshake, and that would look like the grader's failure.
+        store.set(f"connected/{rank}", "1")
+        store.wait([f"connected/{r}" for r in range(world_size)], timeout)
+        _LINK = RankLink(spec, channel)
+        real.install(channel)
+        real.SNAPSHOT[:] = [_LINK.snapshot]
+        return
+    _LINK = RankLink(spec, channel)
+    backend.install(_LINK)
+    _ORIGINALS["init_process_group"](backend=backend.NAME, store=dist.HashStore(), rank=rank, world_size=world_size,
+                                     timeout=timeout)
+
+
+def run(spec: dict, channel: Channel) -> None:
     """Everything a rank does after its sandbox is in place."""
-    global _REPORTER
+    global _CHANNEL
     if str(spec.get("mode") or "").startswith("bench"):   # timing, not grading: a plain gloo group
         return bench_rank.run(spec, channel, _load_submission, _ORIGINALS["init_process_group"])
-    rank, world_size = spec["rank"], spec["world_size"]
-    reporter = _REPORTER = RankReporter(spec, channel, control)
-    cuda = spec["backend"] != "gloo"
-    if cuda:
-        torch.cuda.set_device(rank)
-    backend.install(reporter, cuda=cuda)
-    timeout = timedelta(seconds=spec["timeout"])
-    store = protocol.make_store(spec, world_size)
-    _ORIGINALS["init_process_group"](backend=backend.NAME, store=store, rank=rank, world_size=world_size,
-                                     timeout=timeout)
-    # No student code before every rank has finished connecting: a rank that exits at once (os._exit)
-    # would otherwise break a slower rank's handshake, and that would look like the grader's failure.
-    store.set(f"connected/{rank}", "1")
-    store.wait([f"connected/{r}" for r in range(world_size)], timeout)
-    channel.send(t="ready")
+    funcol = sys.modules.get("torch.distributed._functional_collectives")
+    if funcol is not None:   # torch's own classes, before any student code can replace them
+        values.ASYNC_TENSOR[:] = [funcol.AsyncCollectiveTensor, funcol.wait_tensor]
+    _join(spec, channel)
+    _CHANNEL = channel
+    channel.send({"t": "ready"})
+    filenames = {spec["filename"], *(os.path.join(os.getcwd(), n) for n in spec.get("files") or {})}
+    if _LINK is not None:
+        _LINK.filenames = filenames
+    real.FILENAMES.update(filenames)
     entry_name = spec["entry"]
     try:
+        _write_files(spec)
         module = _load_submission(spec)
         entry = getattr(module, entry_name)
         if not callable(entry):
             raise TypeError(f"{entry_name} is not a function")
     except BaseException as err:  # noqa: BLE001
         _restore_builtins()
-        channel.send(t="result", how="load_error", error=_error_record(err, spec["filename"]))
+        channel.send({"t": "result", "how": "load_error", "error": _error_record(err, filenames)})
         return
     _restore_builtins()
-    codes = reporter.entry_codes = _entry_codes(entry, entry_name, spec["filename"])
+    codes = _entry_codes(entry, entry_name, filenames)
+    if _LINK is not None:
+        _LINK.entry_codes = codes
     captured: dict = {}
 
     def profile(frame, event, arg):
@@ -298,35 +293,38 @@ def run(spec: dict, channel: _Channel, control: _LineReader) -> None:
     how, returned, error = "return", None, None
     sys.setprofile(profile)
     try:
-        returned = entry(rank, world_size)
+        returned = entry(spec["rank"], spec["world_size"])
     except SystemExit as err:
         how, error = "exit", {"type": "SystemExit", "message": str(err.code)[:200], "frames": []}
     except BaseException as err:  # noqa: BLE001
-        how, error = "raise", _error_record(err, spec["filename"])
+        how, error = "raise", _error_record(err, filenames)
     finally:
         sys.setprofile(None)
         _restore_builtins()
     names = list(spec["quantities"])
+    blobs: list = []
+    budget = _LINK.budget if _LINK is not None else values.Budget()
     try:
-        values, source = _quantities(returned if how == "return" else None, captured.get("locals", {}), names,
-                                     reporter.budget)
+        found, source = _quantities(returned if how == "return" else None, captured.get("locals", {}), names,
+                                    budget, blobs)
     except BaseException as err:  # noqa: BLE001  (an odd returned object: the student's, never the grader's)
-        values, source = {n: protocol.unreadable(err) for n in names}, "return"
-    channel.send(t="result", how=how, error=error, values=values, source=source, unobserved=backend.unobserved(),
-                 returned_type=protocol.type_name(returned))
+        found, source, blobs = {n: values.unreadable(err) for n in names}, "return", []
+    channel.send({"t": "result", "how": how, "error": error, "values": found, "source": source,
+                  "returned_type": values.type_name(returned)}, blobs)
 
 
-def rank_main(spec_fd: int, result_fd: int) -> None:
+def rank_main(channel_fd: int) -> None:
     """Entry of a rank process (already sandboxed). Never returns."""
-    channel = _Channel(result_fd)
-    code = 0
+    code, header = 0, {}
+    channel = Channel(channel_fd)
     try:
-        control = _LineReader(spec_fd)
-        spec = json.loads(control.readline())
-        run(spec, channel, control)
+        header, _ = channel.recv()
+        if header.get("t") != "spec":
+            raise RuntimeError("no spec")
+        run(header, channel)
     except BaseException as err:  # noqa: BLE001  (the grader's own failure (setup), reported as such)
         try:
-            channel.send(t="setup_error", error=f"{type(err).__name__}: {err}"[:2000])
+            channel.send({"t": "setup_error", "error": f"{type(err).__name__}: {err}"[:2000]})
         except BaseException:  # noqa: BLE001
             pass
         code = 70
@@ -336,9 +334,10 @@ def rank_main(spec_fd: int, result_fd: int) -> None:
         except BaseException:  # noqa: BLE001
             pass
     try:
-        channel.send(t="end")
-        while _read(spec_fd, 1):  # hold the process group up until the supervisor is done with this run
-            pass
+        channel.send({"t": "end"})
+        if header.get("mode") != "switch":   # hold a real group up until the supervisor is done with this run
+            while _read(channel.sock.fileno(), 1):
+                pass
     except BaseException:  # noqa: BLE001
         pass
     os._exit(code)

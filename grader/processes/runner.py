@@ -1,7 +1,12 @@
-"""Transport: start runs on the zygote, watch every rank's pipes, enforce limits, stop runs cleanly.
+"""Transport: start runs on the zygote, carry every rank's frames, host each graded run's switch, enforce
+limits, stop runs cleanly.
 
-The supervisor never imports torch and never unpickles anything: ranks talk newline-delimited JSON.
-Decisions here are about processes only (time, output, liveness); what the values mean is verify.py's.
+The supervisor never imports torch and never unpickles anything. Each rank has one socket to it (frames of
+wire.py) and a pipe for its output. In a graded run ("switch" mode) every operation a rank starts goes to the
+run's switch.Switch, which pairs, perturbs, computes and answers it: the supervisor is the only channel
+between the ranks. A real-backend run ("real") and a bench run ("bench:...") run torch's own gloo / NCCL
+between ranks that share the run's network; their ranks only report to the supervisor. Decisions here are
+about processes only (time, output, liveness, deadlock); what the values mean is verify's.
 
     with Runner() as runner:
         outcomes = runner.run_many([RunRequest(world_size=2, source=..., filename=...), ...])
@@ -22,21 +27,18 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import secrets
-
+from .. import wire
+from ..switch import Call, ProtocolError, Switch, TrafficLimit
 from . import launch
 from .launch import BASE_PREFIX
-from .protocol import Call
 from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, default_total_mb, uid_range
 
-FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report
-DEADLOCK_GRACE_S = 1.0   # all unfinished ranks inside collectives, one rank done, nothing moving
+FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report (less if they cannot move)
+DEADLOCK_GRACE_S = 0.25  # every live rank waits on an operation the switch cannot complete, nothing arrives
 STOP_GRACE_S = 3.0       # SIGTERM to the run's leader (its pid 1, or the leader above it), then SIGKILL
 PROCESS_CHECK_S = 0.5    # how often a run's processes are counted (a fork bomb stops within about this)
-MAX_LINE = 80 << 20      # one protocol message (a tensor of protocol.MAX_ELEMENTS values, base64)
-MAX_PROTOCOL = 96 << 20  # all protocol messages of one rank (values are capped at protocol.BUDGET_BYTES)
-
-
+MAX_REPORTS = 96 << 20   # what one rank may send besides its operations (answers, snapshots: values.BUDGET_BYTES)
+READ_CHUNK = 1 << 18
 
 
 def _sweep_stale_bases() -> None:
@@ -64,32 +66,40 @@ class RunRequest:
     filename: str
     entry: str = "run_worker"             # the function each rank calls: entry(rank, world_size)
     quantities: tuple[str, ...] = ()      # what each rank reports: returned values or final locals
-    backend: str = "gloo"                 # "gloo" or "nccl"
-    perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data is perturbed
+    backend: str = "gloo"                 # a real-backend run's backend: "gloo" or "nccl"
+    perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data the switch perturbs
     label: str = ""
     preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (static.imports)
-    mode: str = ""                        # "": grade; "bench:<json options>": time `entry` (bench_rank.py)
+    mode: str = "switch"                  # "switch": graded through the switch; "real": torch's own backend;
+    #                                       "bench:<json options>": time `entry` (bench_rank.py)
+    files: dict = field(default_factory=dict)   # files written in each rank's working folder (%%writefile)
+    cuda: bool = False                    # the ranks see the machine's GPUs (a graded run's CUDA tensors go
+    #                                       through the switch by host copies; a real NCCL run needs them)
 
     def perturbs(self, op: str) -> bool:
         return op in self.perturb
+
+    @property
+    def real(self) -> bool:
+        return self.mode != "switch"
 
 
 @dataclass
 class RankRecord:
     rank: int
     ready: bool = False
-    calls: list[Call] = field(default_factory=list)     # every operation, in the order it was entered
-    blocked: int | None = None                          # the operation the rank waits on (its seq)
-    events: int = 0                                     # messages received so far (orders calls and completions)
+    calls: list[Call] = field(default_factory=list)     # every operation, as the switch measured it, in order
+    inside: Call | None = None                          # the operation the rank waits on (the switch's word)
     snapshot: dict = field(default_factory=dict)        # entry-function tensors as of its last operation
     result: dict | None = None
     notes: list[str] = field(default_factory=list)
+    timings: list[dict] = field(default_factory=list)   # real-backend runs: each call as the rank timed it
     setup_error: str | None = None
     done: bool = False                                  # sent everything it will send
     exit: dict | None = None                            # {"code": n} or {"signal": n}
     output: bytearray = field(default_factory=bytearray)
     output_total: int = 0
-    protocol_bytes: int = 0
+    report_bytes: int = 0
 
     @property
     def finished(self) -> bool:
@@ -104,49 +114,36 @@ class RankRecord:
     def output_text(self) -> str:
         return self.output.decode("utf-8", "replace")
 
-    @property
-    def inside(self) -> Call | None:
-        """The operation this rank is blocked in, if it is."""
-        if self.blocked is None or self.blocked >= len(self.calls):
-            return None
-        call = self.calls[self.blocked]
-        return None if call.completed else call
-
 
 @dataclass
 class RunOutcome:
     request: RunRequest
     ranks: list[RankRecord]
-    stop: str = "completed"       # completed | timeout | deadlock | process_limit | failfast | output_limit | protocol | grader_error
+    stop: str = "completed"       # completed | timeout | deadlock | process_limit | failfast | output_limit |
+    #                               protocol | traffic_limit | cancelled | grader_error
     stop_rank: int | None = None
     elapsed: float = 0.0
     error: str | None = None
-    seeds: dict = field(default_factory=dict)  # (rank, seq) -> seed of that call's deltas (perturbed runs)
-    processes: int | None = None  # processes of the run's uid when it was stopped (root mode only)
+    processes: int | None = None  # processes of the run's uids when it was stopped (root mode only)
     process_limit_hit: bool = False
     oom_killed: bool = False      # the kernel killed a rank of this run for the grader's total memory
 
 
-def _p2p_can_progress(ranks: list[RankRecord]) -> bool:
-    """Some pending send has a pending matching receive (or the reverse): the exchange may complete."""
-    pending = [call for rec in ranks for call in rec.calls if not call.completed and call.op in ("send", "recv")]
-    sends = {(c.rank, c.peer, c.tag) for c in pending if c.op == "send"}
-    for c in pending:
-        if c.op == "recv" and ((c.peer, c.rank, c.tag) in sends
-                               or (c.peer is None and any(s[1] == c.rank for s in sends))):
-            return True
-    return False
-
-
 class _Run:
-    """One run in flight: its pipes, its leader's pidfd, its records."""
+    """One run in flight: its sockets and pipes, its leader's pidfd, its switch, its records."""
 
-    def __init__(self, request: RunRequest, slot: int, workdir: Path, limits: Limits, uid: int | None):
-        self.request, self.slot, self.workdir, self.limits, self.uid = request, slot, workdir, limits, uid
+    def __init__(self, request: RunRequest, slot: int, workdir: Path, limits: Limits, uids: list[int] | None):
+        self.request, self.slot, self.workdir, self.limits, self.uids = request, slot, workdir, limits, uids
         self.outcome = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)])
-        self.buffers: dict[int, bytearray] = {}
+        self.switch = Switch(request.world_size, request.perturb) if not request.real else None
+        if self.switch is not None:
+            for record, calls in zip(self.outcome.ranks, self.switch.calls):
+                record.calls = calls
+        self.readers: dict[int, wire.FrameReader] = {}
+        self.lines: dict[int, bytearray] = {}           # the status pipe: JSON lines from the run's pid 1
         self.fd_role: dict[int, tuple[str, int]] = {}
-        self.pending: dict[int, memoryview] = {}
+        self.channel: dict[int, int] = {}               # rank -> its socket
+        self.pending: dict[int, list] = {}              # socket -> buffers still to write
         self.pidfd: int | None = None
         self.started = time.monotonic()
         self.last_progress = self.started
@@ -156,8 +153,6 @@ class _Run:
         self.killed = False
         self.oom_before = 0
         self.processes_checked = self.started  # when the run's processes were last counted (fork bombs)
-        self.spec_fd: dict[int, int] = {}   # rank -> write end of its control pipe (spec, then deltas)
-        self.writing: set[int] = set()      # control pipes registered for writing
 
     def set_stop(self, reason: str, rank: int | None = None) -> None:
         if self.outcome.stop == "completed" and self.stopping_since is None:
@@ -280,14 +275,30 @@ class Runner:
         self.close()
 
     # -- runs ---------------------------------------------------------------------------------
-    def run_many(self, requests: list[RunRequest]) -> list[RunOutcome]:
-        """Run every request (up to max_parallel at once) and return their outcomes, in order."""
+    def run_many(self, requests: list[RunRequest], watch=None) -> list[RunOutcome]:
+        """Run every request (up to max_parallel at once) and return their outcomes, in order.
+        `watch(index, outcome)`, called as each run ends, may return indices of runs to cancel (stopped,
+        or never started: their outcome says "cancelled")."""
         self._ready()
         queue = list(enumerate(requests))
         results: dict[int, RunOutcome] = {}
         active: dict[int, tuple[int, _Run]] = {}
         free_slots = list(range(self.max_parallel))
         sel = self._sel = selectors.DefaultSelector()
+
+        def cancel(indices) -> None:
+            for i in indices or ():
+                if i in results:
+                    continue
+                waiting = next((item for item in queue if item[0] == i), None)
+                if waiting is not None:
+                    queue.remove(waiting)
+                    results[i] = RunOutcome(requests[i], [RankRecord(r) for r in range(requests[i].world_size)],
+                                            stop="cancelled")
+                for index, run in active.values():
+                    if index == i:
+                        run.set_stop("cancelled")
+                        self._stop(run)
         try:
             while queue or active:
                 while queue and free_slots:
@@ -296,9 +307,8 @@ class Runner:
                     try:
                         run = self._launch(request, slot, sel)
                     except GraderError as err:
-                        outcome = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)],
-                                             stop="grader_error", error=str(err))
-                        results[index] = outcome
+                        results[index] = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)],
+                                                    stop="grader_error", error=str(err))
                         free_slots.append(slot)
                         continue
                     active[id(run)] = (index, run)
@@ -310,6 +320,8 @@ class Runner:
                         results[index] = run.outcome
                         free_slots.append(run.slot)
                         del active[key]
+                        if watch is not None:
+                            cancel(watch(index, run.outcome))
         finally:
             for _, run in active.values():
                 self._kill(run, signal.SIGKILL)
@@ -322,46 +334,56 @@ class Runner:
         layers = self._ready()["layers"]
         namespaces = layers["namespaces"] and self.use_sandbox
         drop = layers["root"] and self.use_sandbox and self.uid_block is not None
-        uid = self.next_uid() if drop else None
+        # A uid for each rank of a graded run (no rank can signal, trace or read another), one for all the
+        # ranks of a real-backend run (NCCL's shared memory between them).
+        uids = None
+        if drop:
+            uids = [self.next_uid() for _ in range(request.world_size)] if not request.real else \
+                [self.next_uid()] * request.world_size
         # With namespaces: the mount point of the run's new root (its /tmp is a tmpfs in there). Without:
         # the ranks' working folder itself, on the host's disk.
         workdir = Path(tempfile.mkdtemp(prefix=f"run{slot}-", dir=self.base))
-        if uid is not None and not namespaces:
-            os.chown(workdir, uid, uid)
-        os.chmod(workdir, 0o700)
-        run = _Run(request, slot, workdir, self.limits, uid)
+        if uids is not None and not namespaces:
+            os.chown(workdir, uids[0], uids[0])
+        os.chmod(workdir, 0o700 if namespaces or uids is None else 0o711)
+        run = _Run(request, slot, workdir, self.limits, uids)
         cwd = "/tmp" if namespaces else str(workdir)
-        # The rendezvous store. In the run's own network namespace: a TCPStore that the run's pid 1 hosts on loopback
-        # (no file locks, so the seccomp filter can deny them; the port is free, the namespace is the run's).
-        # Without one: a FileStore in the run's folder (no port, so no clash between runs).
-        store = ({"kind": "tcp", "host": "127.0.0.1", "port": random.randrange(20000, 32000)} if namespaces
-                 else {"kind": "file", "path": f"{cwd}/.store"})
+        # A real-backend run's rendezvous store. In the run's own network namespace: a TCPStore that the
+        # run's pid 1 hosts on loopback (no file locks, so the seccomp filter can deny them; the port is free,
+        # the namespace is the run's). Without one: a FileStore in the run's folder. A graded run has none.
+        store = None
+        if request.real:
+            store = ({"kind": "tcp", "host": "127.0.0.1", "port": random.randrange(20000, 32000)} if namespaces
+                     else {"kind": "file", "path": f"{cwd}/.store"})
+        mode = request.mode
         send_fds, keep = [], []
         for r in range(request.world_size):
-            spec_r, spec_w = os.pipe2(os.O_CLOEXEC)
-            res_r, res_w = os.pipe2(os.O_CLOEXEC)
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            mine.setblocking(False)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
-            send_fds += [spec_r, res_w, out_w]
-            for fd in (spec_w, res_r, out_r):
-                os.set_blocking(fd, False)
-            spec = {"rank": r, "world_size": request.world_size, "source": request.source,
+            os.set_blocking(out_r, False)
+            chan = mine.detach()
+            send_fds += [theirs.detach(), out_w]
+            spec = {"t": "spec", "rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
-                    "backend": request.backend, "perturb": bool(request.perturb), "mode": request.mode,
-                    "store": store, "timeout": self.limits.wall_s}
-            run.pending[spec_w] = memoryview((json.dumps(spec) + "\n").encode())
-            run.spec_fd[r] = spec_w
-            run.fd_role.update({spec_w: ("spec", r), res_r: ("result", r), out_r: ("output", r)})
-            keep += [spec_w, res_r, out_r]
+                    "backend": request.backend, "mode": mode, "store": store, "timeout": self.limits.wall_s,
+                    "files": dict(request.files)}
+            run.pending[chan] = wire.pack(spec)
+            run.channel[r] = chan
+            run.readers[chan] = wire.FrameReader()
+            run.fd_role.update({chan: ("chan", r), out_r: ("output", r)})
+            keep += [chan, out_r]
         status_r, status_w = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(status_r, False)
         send_fds.append(status_w)
         run.fd_role[status_r] = ("status", -1)
+        run.lines[status_r] = bytearray()
         self._ids += 1
-        req = {"id": self._ids, "world_size": request.world_size, "uid": uid, "cwd": cwd,
+        req = {"id": self._ids, "world_size": request.world_size, "uids": uids, "cwd": cwd, "mode": mode,
                "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
                "seccomp": layers.get("seccomp", False) and self.use_sandbox, "store": store,
                "no_new_privs": layers.get("no_new_privs", False) and self.use_sandbox,
-               "limits": asdict(self.limits), "cuda": request.backend == "nccl",
+               "limits": asdict(self.limits), "cuda": request.cuda,
                "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
@@ -379,9 +401,7 @@ class Runner:
         run.started = run.last_progress = time.monotonic()
         run.oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
         for fd, (role, _) in run.fd_role.items():
-            sel.register(fd, selectors.EVENT_WRITE if role == "spec" else selectors.EVENT_READ, run)
-            if role == "spec":
-                run.writing.add(fd)
+            sel.register(fd, selectors.EVENT_READ | (selectors.EVENT_WRITE if fd in run.pending else 0), run)
         sel.register(run.pidfd, selectors.EVENT_READ, run)
         return run
 
@@ -389,7 +409,7 @@ class Runner:
     def _pump(self, sel, runs: list[_Run]) -> None:
         now = time.monotonic()
         deadline = min((self._next_deadline(run) for run in runs), default=now + 0.1)
-        timeout = max(0.005, min(deadline - now, 0.25))
+        timeout = max(0.002, min(deadline - now, 0.25))
         for key, events in sel.select(timeout):
             run: _Run = key.data
             fd = key.fd
@@ -397,54 +417,51 @@ class Runner:
                 run.leader_gone = True
                 sel.unregister(fd)
                 continue
+            if fd not in run.fd_role:
+                continue
             role, r = run.fd_role[fd]
-            if role == "spec":
-                self._write_spec(run, fd, sel)
-            else:
+            if events & selectors.EVENT_WRITE:
+                self._flush(run, fd)
+            if events & selectors.EVENT_READ and fd in run.fd_role:
                 self._read(run, fd, role, r, sel)
         now = time.monotonic()
         for run in runs:
             self._police(run, now)
 
-    def _write_spec(self, run: _Run, fd: int, sel) -> None:
-        data = run.pending.get(fd)
-        try:
-            n = os.write(fd, data) if data else 0
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:  # the rank is gone
-            n = len(data or b"")
-        data = data[n:] if data else None
-        if data:
-            run.pending[fd] = data
-        else:
-            run.pending.pop(fd, None)
-            sel.unregister(fd)  # kept open: the rank waits for its EOF, i.e. for the end of the run
-            run.writing.discard(fd)
+    def _watch_writes(self, run: _Run, fd: int) -> None:
+        if self._sel is not None and fd in run.fd_role:
+            self._sel.modify(fd, selectors.EVENT_READ | (selectors.EVENT_WRITE if run.pending.get(fd) else 0), run)
 
-    def _send_control(self, run: _Run, rank: int, message: dict) -> None:
-        fd = run.spec_fd.get(rank)
+    def _flush(self, run: _Run, fd: int) -> None:
+        """Write what a rank's socket can take now (never blocking: the other runs go on meanwhile)."""
+        buffers = run.pending.get(fd)
+        while buffers:
+            try:
+                sent = os.writev(fd, buffers[:512])
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # the rank is gone: what it was owed is moot
+                buffers.clear()
+                break
+            while buffers and sent >= len(buffers[0]):
+                sent -= len(buffers[0])
+                buffers.pop(0)
+            if buffers and sent:
+                buffers[0] = memoryview(buffers[0])[sent:]
+        if not buffers:
+            run.pending.pop(fd, None)
+        self._watch_writes(run, fd)
+
+    def _send(self, run: _Run, rank: int, frame: list) -> None:
+        fd = run.channel.get(rank)
         if fd is None or fd not in run.fd_role:
             return
-        line = (json.dumps(message) + "\n").encode()
-        run.pending[fd] = memoryview(bytes(run.pending.get(fd, b"")) + line)
-        if fd not in run.writing and self._sel is not None:
-            self._sel.register(fd, selectors.EVENT_WRITE, run)
-            run.writing.add(fd)
-
-    def _answer_seed(self, run: _Run, rank: int, call: Call) -> None:
-        """A rank entered an operation that sends data in a perturbed run: answer with a fresh seed for
-        this call's deltas, or none when this operation is not perturbed (see verify/perturb.py). The
-        seeds never leave the supervisor before their operation runs."""
-        seed = secrets.randbits(62) if run.request.perturbs(call.op) else None
-        if seed is not None:
-            run.outcome.seeds[(rank, call.seq)] = seed
-            call.seed = seed
-        self._send_control(run, rank, {"seq": call.seq, "seed": seed})
+        run.pending.setdefault(fd, []).extend(frame)
+        self._flush(run, fd)
 
     def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
         try:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, READ_CHUNK)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -453,69 +470,123 @@ class Runner:
             sel.unregister(fd)
             os.close(fd)
             del run.fd_role[fd]
+            run.pending.pop(fd, None)
+            if role == "chan" and run.switch is not None:
+                run.switch.finish(r)
             return
         self._feed(run, fd, role, r, chunk)
 
-    def _handle(self, run: _Run, role: str, r: int, msg: dict) -> None:
-        run.last_progress = time.monotonic()
-        kind = msg.get("t")
-        if role == "status":
-            if kind == "exit" and isinstance(msg.get("rank"), int) and 0 <= msg["rank"] < len(run.outcome.ranks):
-                record = run.outcome.ranks[msg["rank"]]
-                record.exit = {k: msg[k] for k in ("code", "signal") if k in msg}
-                if record.result is None and run.failfast_at is None:
-                    run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
-            elif kind == "leader_error":
-                run.outcome.error = f"sandbox could not be set up: {msg.get('error')}"
-                run.set_stop("grader_error")
+    def _feed(self, run: _Run, fd: int, role: str, r: int, chunk: bytes) -> None:
+        """Take in what a rank wrote: output is kept up to a cap and counted; frames are parsed and handled."""
+        if role == "output":
+            record = run.outcome.ranks[r]
+            record.output_total += len(chunk)
+            room = run.limits.output_keep_kb * 1024 - len(record.output)
+            if room > 0:
+                record.output += chunk[:room]
+            if record.output_total > run.limits.output_max_mb << 20:
+                self._abort(run, "output_limit", r)
             return
-        record = run.outcome.ranks[r]
-        record.events += 1
-        if kind == "call":
+        if role == "status":
+            buf = run.lines[fd]
+            buf += chunk
+            while (nl := buf.find(b"\n")) >= 0:
+                line = bytes(buf[:nl])
+                del buf[: nl + 1]
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(message, dict):
+                    self._status(run, message)
+            return
+        reader = run.readers.get(fd)
+        if reader is None:   # this rank broke the protocol: nothing more it says is read
+            return
+        try:
+            frames = reader.feed(chunk)
+        except wire.WireError:
+            del run.readers[fd]
+            self._abort(run, "protocol", r)
+            return
+        for header, blobs in frames:
             try:
-                call = Call.from_message(msg)
-            except (KeyError, TypeError, ValueError):
-                self._abort(run, "protocol", r)
-                return
-            if call.seq != len(record.calls):
-                self._abort(run, "protocol", r)
-                return
-            call.rank, call.entered_at = r, record.events
-            record.calls.append(call)
-            if run.request.perturb and call.sends:
-                self._answer_seed(run, r, call)
-        elif kind in ("complete", "wait"):
-            seq = msg.get("seq")
-            if not isinstance(seq, int) or not 0 <= seq < len(record.calls):
-                return
-            call = record.calls[seq]
-            if kind == "complete":
-                call.complete(msg)
-                call.completed_at = record.events
-                if record.blocked == seq:
-                    record.blocked = None
-            else:
-                call.waited = True
-                if not call.completed:
-                    record.blocked = seq
-        elif kind == "snap":
-            if isinstance(msg.get("locals"), dict):
-                record.snapshot.update(msg["locals"])
+                self._handle(run, r, header, blobs)
+            except (ProtocolError, wire.WireError, TrafficLimit) as err:
+                run.readers.pop(fd, None)
+                self._abort(run, "traffic_limit" if isinstance(err, TrafficLimit) else "protocol", r)
+                break
+        if run.switch is not None:
+            self._deliver(run)
+
+    def _deliver(self, run: _Run) -> None:
+        """What the switch owes the ranks, and where each rank now waits."""
+        outbox, run.switch.outbox = run.switch.outbox, []
+        for rank, frame in outbox:
+            self._send(run, rank, frame)
+        for record in run.outcome.ranks:
+            record.inside = run.switch.waiting_on(record.rank)
+
+    def _status(self, run: _Run, msg: dict) -> None:
+        """What the run's pid 1 says: how each rank ended, or that the sandbox could not be built."""
+        kind = msg.get("t")
+        if kind == "exit" and isinstance(msg.get("rank"), int) and 0 <= msg["rank"] < len(run.outcome.ranks):
+            record = run.outcome.ranks[msg["rank"]]
+            record.exit = {k: msg[k] for k in ("code", "signal") if k in msg}
+            if run.switch is not None:
+                run.switch.finish(record.rank)
+                self._deliver(run)
+            if record.result is None and run.failfast_at is None:
+                run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
+        elif kind == "leader_error":
+            run.outcome.error = f"sandbox could not be set up: {msg.get('error')}"
+            run.set_stop("grader_error")
+
+    def _handle(self, run: _Run, r: int, header: dict, blobs: list) -> None:
+        run.last_progress = time.monotonic()
+        record = run.outcome.ranks[r]
+        kind = header.get("t")
+        if kind in ("op", "wait"):
+            if run.switch is None:
+                raise ProtocolError("operations outside a graded run")
+            run.switch.receive(r, header, blobs)
+            return
+        record.report_bytes += sum(len(b) for b in blobs) + 256
+        if record.report_bytes > MAX_REPORTS:
+            raise ProtocolError("too much reported")
+        if kind == "snap":
+            if isinstance(header.get("locals"), dict):
+                record.snapshot.update({str(k)[:100]: wire.value(v, blobs) for k, v in list(header["locals"].items())[:256]})
         elif kind == "ready":
             record.ready = True
         elif kind == "note":
-            record.notes.append(str(msg.get("what")))
+            record.notes.append(str(header.get("what"))[:2000])
+        elif kind == "timing" and run.request.real:
+            record.timings.append({k: header.get(k) for k in ("op", "method", "line", "api", "ms", "bytes")
+                                   if isinstance(header.get(k), (int, float, str))})
         elif kind == "result" and record.result is None:
-            record.result = msg
-            record.blocked = None
-            if msg.get("how") != "return" and run.failfast_at is None:
+            found = header.get("values") if isinstance(header.get("values"), dict) else {}
+            names = list(run.request.quantities)
+            record.result = {"how": header.get("how") if header.get("how") in ("return", "raise", "exit", "load_error")
+                             else "raise",
+                             "error": _error(header.get("error")),
+                             "values": {n: wire.value(found.get(n), blobs) if n in found else None for n in names},
+                             "source": header.get("source") if header.get("source") in ("return", "locals") else "return",
+                             "returned_type": str(header.get("returned_type", "?"))[:80]}
+            if run.switch is not None:
+                run.switch.finish(r)
+            if record.result["how"] != "return" and run.failfast_at is None:
                 run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
         elif kind == "setup_error":
-            record.setup_error = str(msg.get("error"))
+            record.setup_error = str(header.get("error"))[:2000]
             run.outcome.error = f"rank {r}: {record.setup_error}"
             run.set_stop("grader_error", r)
         elif kind == "end":
             record.done = True
+            if run.switch is not None:
+                run.switch.finish(r)
+        elif kind != "result":
+            raise ProtocolError(f"unexpected frame {str(kind)[:40]!r}")
 
     def _next_deadline(self, run: _Run) -> float:
         times = [run.started + run.limits.wall_s]
@@ -533,6 +604,7 @@ class Runner:
                 self._kill(run, signal.SIGKILL)
             return
         ranks = run.outcome.ranks
+        stuck = self._stuck(run) and now - run.last_progress > DEADLOCK_GRACE_S
         if run.outcome.stop != "completed":
             self._stop(run)
         elif all(rec.finished for rec in ranks):
@@ -543,22 +615,21 @@ class Runner:
         elif self._fork_bomb(run, now):
             run.set_stop("process_limit")
             self._stop(run)
-        elif run.failfast_at is not None and now >= run.failfast_at:
+        elif run.failfast_at is not None and (now >= run.failfast_at or stuck):
             run.set_stop("failfast", next((rec.rank for rec in ranks if rec.failed), None))
             self._stop(run)
-        elif self._stuck(run) and now - run.last_progress > DEADLOCK_GRACE_S:
+        elif stuck and not any(rec.failed for rec in ranks):
             run.set_stop("deadlock")
             self._stop(run)
 
-    @staticmethod
-    def _fork_bomb(run: _Run, now: float) -> bool:
+    def _fork_bomb(self, run: _Run, now: float) -> bool:
         """Half the uid's process budget in processes (not threads): a fork bomb. Counted twice a second, so
         it stops in about a second instead of spinning until the time limit (root mode only: the count is by
-        the run's own uid)."""
-        if run.uid is None or now - run.processes_checked < PROCESS_CHECK_S:
+        the run's own uids)."""
+        if run.uids is None or now - run.processes_checked < PROCESS_CHECK_S:
             return False
         run.processes_checked = now
-        count = count_processes(run.uid)
+        count = max(count_processes(uid) for uid in set(run.uids))
         if count < run.limits.processes // 2:
             return False
         run.outcome.processes, run.outcome.process_limit_hit = count, True
@@ -566,26 +637,15 @@ class Runner:
 
     @staticmethod
     def _stuck(run: _Run) -> bool:
-        """Every unfinished rank waits on an operation that cannot complete: some rank has finished, the
-        ranks wait in different collectives (all_reduce on one, all_gather on another), or every rank
-        waits on point-to-point operations none of which the others' pending operations can match
-        (every rank blocked in a send, say: gloo does not buffer sends)."""
-        ranks = run.outcome.ranks
-        if not all(rec.finished or rec.inside is not None for rec in ranks):
-            return False
-        waiting = [rec.inside for rec in ranks if not rec.finished]
-        if any(rec.finished for rec in ranks):
-            return True
-        if all(call.op in ("send", "recv") for call in waiting):
-            return not _p2p_can_progress(ranks)
-        return len({(call.op, call.method, call.group) for call in waiting}) > 1
+        """The switch knows that every rank that has not finished waits on an operation it cannot complete."""
+        return run.switch is not None and run.switch.stuck()
 
     def _stop(self, run: _Run) -> None:
         if run.stopping_since is None:
             run.stopping_since = time.monotonic()
             run.outcome.elapsed = run.stopping_since - run.started
-            if run.uid is not None and run.outcome.stop not in ("completed", "process_limit"):
-                run.outcome.processes = count_processes(run.uid)
+            if run.uids is not None and run.outcome.stop not in ("completed", "process_limit", "cancelled"):
+                run.outcome.processes = max(count_processes(uid) for uid in set(run.uids))
                 run.outcome.process_limit_hit = run.outcome.processes >= run.limits.processes // 2
             self._kill(run, signal.SIGTERM)
 
@@ -599,56 +659,20 @@ class Runner:
                 pass
 
     def _drain(self, run: _Run) -> None:
-        """After the leader is gone: read what the pipes still hold (bounded), without waiting."""
+        """After the leader is gone: read what the sockets and pipes still hold (bounded), without waiting."""
         for fd, (role, r) in list(run.fd_role.items()):
-            if role in ("result", "output", "status"):
-                for _ in range(64):
-                    if fd not in run.fd_role:
-                        break
-                    try:
-                        chunk = os.read(fd, 1 << 16)
-                    except (BlockingIOError, InterruptedError):
-                        break
-                    except OSError:
-                        chunk = b""
-                    if not chunk:
-                        break
-                    self._feed(run, fd, role, r, chunk)
-
-    def _feed(self, run: _Run, fd: int, role: str, r: int, chunk: bytes) -> None:
-        """Take in what a rank wrote: output is kept up to a cap and counted; protocol lines are parsed."""
-        if role == "output":
-            record = run.outcome.ranks[r]
-            record.output_total += len(chunk)
-            room = run.limits.output_keep_kb * 1024 - len(record.output)
-            if room > 0:
-                record.output += chunk[:room]
-            if record.output_total > run.limits.output_max_mb << 20:
-                self._abort(run, "output_limit", r)
-            return
-        buf = run.buffers.setdefault(fd, bytearray())
-        scanned = len(buf)  # no newline before here: a long line is scanned once, not once per chunk
-        buf += chunk
-        if role == "result":
-            run.outcome.ranks[r].protocol_bytes += len(chunk)
-            if run.outcome.ranks[r].protocol_bytes > MAX_PROTOCOL:
-                self._abort(run, "protocol", r)
-                return
-        while (nl := buf.find(b"\n", scanned)) >= 0:
-            line = bytes(buf[:nl])
-            del buf[: nl + 1]
-            scanned = 0
-            try:
-                message = json.loads(line)
-            except ValueError:
-                if role == "result":
-                    self._abort(run, "protocol", r)
-                continue
-            if isinstance(message, dict):
-                self._handle(run, role, r, message)
-        if len(buf) > MAX_LINE:
-            buf.clear()
-            self._abort(run, "protocol", r)
+            for _ in range(64):
+                if fd not in run.fd_role:
+                    break
+                try:
+                    chunk = os.read(fd, READ_CHUNK)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    break
+                self._feed(run, fd, role, r, chunk)
 
     def _abort(self, run: _Run, reason: str, rank: int) -> None:
         run.set_stop(reason, rank)
@@ -666,8 +690,7 @@ class Runner:
                 pass
             os.close(fd)
         run.fd_role.clear()
-        for fd in list(run.pending):
-            run.pending.pop(fd)
+        run.pending.clear()
         if run.pidfd is not None:
             try:
                 sel.unregister(run.pidfd)
@@ -675,7 +698,23 @@ class Runner:
                 pass
             os.close(run.pidfd)
             run.pidfd = None
+        if run.switch is not None:
+            for record in run.outcome.ranks:
+                record.inside = run.switch.waiting_on(record.rank)
         if run.outcome.stop == "completed" and not all(rec.finished for rec in run.outcome.ranks):
             run.outcome.stop = "grader_error"
             run.outcome.error = run.outcome.error or "the run ended before every rank reported"
         shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _error(error) -> dict | None:
+    """An exception as the rank described it: its type, message and the student's frames, checked."""
+    if not isinstance(error, dict):
+        return None
+    frames = []
+    for frame in (error.get("frames") or [])[:8] if isinstance(error.get("frames"), list) else []:
+        if isinstance(frame, dict):
+            frames.append({"line": frame.get("line") if type(frame.get("line")) is int else None,
+                           "function": str(frame.get("function", ""))[:100], "text": str(frame.get("text", ""))[:200],
+                           **({"file": str(frame["file"])[:100]} if isinstance(frame.get("file"), str) else {})})
+    return {"type": str(error.get("type", "?"))[:100], "message": str(error.get("message", ""))[:2000], "frames": frames}

@@ -407,6 +407,24 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> N
             _place(path, target, follow=True)
 
 
+def isolate_rank(tmp_mb: int) -> None:
+    """Called by a rank of a graded run, still privileged, before its uid changes: a network namespace, a
+    mount namespace with a /tmp of its own (also /var/tmp and /dev/shm) and an IPC namespace of its own, and
+    a /proc that shows only the processes of its own uid. Its socket to the grader, inherited, is then the
+    only way it has to another rank: no shared network, file, store or memory."""
+    unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC)
+    loopback_up()
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={max(1, int(tmp_mb))}m")
+    for path in ("/var/tmp", "/dev/shm"):
+        if os.path.isdir(path):
+            mount("/tmp", path, None, MS_BIND)
+    try:   # best effort (a kernel before 5.8 has no per-mount hidepid)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    except OSError:
+        pass
+
+
 def _pivot_root(new: str, old: str) -> None:
     nr = seccomp.syscall_number("pivot_root")
     if nr is None:

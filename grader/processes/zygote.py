@@ -30,9 +30,8 @@ from pathlib import Path
 import torch  # noqa: F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
 
-from . import rank
-
-from . import sandbox, seccomp
+from .. import wire
+from . import rank, sandbox, seccomp
 
 # Every grader module a rank uses, imported here before any fork: a rank's root holds the interpreter and
 # its libraries, not the grader's checkout, so a rank can never import grader code lazily from disk.
@@ -40,7 +39,7 @@ from . import sandbox, seccomp
 # (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
 # grader imports of the exercise's notebooks.)
 PRELOAD = ("grader.processes.rank", "grader.processes.sandbox", "grader.processes.seccomp",
-           "grader.submission.static", "grader.verify.perturb", "grader.integrations.nbcheck",
+           "grader.submission.static", "grader.wire", "grader.integrations.nbcheck",
            "grader.integrations.bench")  # the notebooks import these two: ranks load a notebook's imports
 for _name in PRELOAD:
     importlib.import_module(_name)
@@ -77,7 +76,7 @@ def _store_socket(req: dict) -> socket.socket | None:
     """The store's listening socket, bound before the ranks exist: a rank's first connection then waits in
     the backlog instead of being refused. (Refused, torch's client retries with a backoff of hundreds of
     milliseconds: measured 480 ms against 6 ms per run.)"""
-    where = req["store"]
+    where = req.get("store") or {}
     if where.get("kind") != "tcp":
         return None
     try:
@@ -94,7 +93,7 @@ def _host_store(req: dict, sock: socket.socket | None):
     """The run's TCP rendezvous store, hosted by pid 1, which runs no student code and outlives every rank:
     a rank that exits at once can never cut another rank's store operation short (as a store hosted by
     rank 0 could)."""
-    where = req["store"]
+    where = req.get("store") or {}
     if where.get("kind") != "tcp":
         return None
     from datetime import timedelta
@@ -106,8 +105,10 @@ def _host_store(req: dict, sock: socket.socket | None):
         return None
 
 
-def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: int) -> None:
-    """pid 1 of the run's pid namespace: fork the ranks, report each one's end, exit when all have ended."""
+def _init_process(req: dict, rank_fds: list[tuple[int, int]], status_fd: int) -> None:
+    """pid 1 of the run's pid namespace: fork the ranks, report each one's end, exit when all have ended.
+    In a real-backend run it also hosts the run's TCP store; a graded run has none (its ranks meet only at
+    the grader's switch)."""
     sandbox.set_parent_death_signal(signal.SIGKILL)
     if req["namespaces"]:
         try:
@@ -117,12 +118,12 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: in
             os._exit(71)
     listening = _store_socket(req)
     pids = {}
-    for r, (spec_fd, result_fd, out_fd) in enumerate(rank_fds):
+    for r, (chan_fd, out_fd) in enumerate(rank_fds):
         pid = os.fork()
         if pid == 0:
             if listening is not None:  # the store's socket is pid 1's alone
                 listening.close()
-            _rank_process(req, spec_fd, result_fd, out_fd, status_fd, rank_fds)
+            _rank_process(req, r, chan_fd, out_fd, status_fd, rank_fds)
         pids[pid] = r
     for fds in rank_fds:
         for fd in fds:
@@ -146,7 +147,7 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int, int]], status_fd: in
     os._exit(0)  # as pid 1, this takes every leftover process of the run with it
 
 
-def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
+def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
     try:
         os.setsid()  # a rank that kills its own process group kills only itself
         sandbox.set_parent_death_signal(signal.SIGKILL)
@@ -154,20 +155,22 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
         os.dup2(devnull, 0)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)
-        keep = {0, 1, 2, spec_fd, result_fd}
+        keep = {0, 1, 2, chan_fd}
         for fds in all_fds:
             for fd in fds:
                 if fd not in keep:
                     os.close(fd)
-        for fd in (devnull, status_fd):
+        for fd in (devnull, status_fd):   # the run's status pipe is pid 1's: no rank ever holds it
             os.close(fd)
         limits = sandbox.Limits(**req["limits"])
-        drop = req["uid"] is not None
-        sandbox.apply_limits(limits, uid_limits=drop, address_space=not req["cuda"])
-        if drop:
-            sandbox.drop_privileges(req["uid"])
+        if req["namespaces"] and req["mode"] == "switch":   # no shared network, /tmp, IPC or /proc with another rank
+            sandbox.isolate_rank(limits.tmp_mb)
+        uid = req["uids"][r] if req.get("uids") else None
+        sandbox.apply_limits(limits, uid_limits=uid is not None, address_space=not req["cuda"])
+        if uid is not None:
+            sandbox.drop_privileges(uid)
         if req.get("seccomp"):  # file locks are a channel between runs, unless this run's store needs them
-            seccomp.install(deny_locks=req["store"]["kind"] != "file")
+            seccomp.install(deny_locks=(req.get("store") or {}).get("kind") != "file")
         elif req.get("no_new_privs"):
             seccomp.set_no_new_privs()
         os.chdir(req["cwd"])
@@ -178,9 +181,9 @@ def _rank_process(req, spec_fd, result_fd, out_fd, status_fd, all_fds) -> None:
                            "NCCL_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
         sys.stdout.reconfigure(line_buffering=True)
     except BaseException as err:
-        os.write(result_fd, (json.dumps({"t": "setup_error", "error": f"sandbox: {err}"}) + "\n").encode())
+        os.write(chan_fd, b"".join(bytes(b) for b in wire.pack({"t": "setup_error", "error": f"sandbox: {err}"})))
         os._exit(70)
-    rank.rank_main(spec_fd, result_fd)
+    rank.rank_main(chan_fd)
 
 
 def _leader(req: dict, fds: list[int], conn_fd: int, init: bool = False) -> None:
@@ -192,7 +195,7 @@ def _leader(req: dict, fds: list[int], conn_fd: int, init: bool = False) -> None
         PidNamespaces.close_in_child()
         os.setsid()
         status_fd = fds[-1]
-        rank_fds = [tuple(fds[3 * r: 3 * r + 3]) for r in range(req["world_size"])]
+        rank_fds = [tuple(fds[2 * r: 2 * r + 2]) for r in range(req["world_size"])]
         if req.get("cgroup"):  # before the new root: /sys is not in it (children inherit the cgroup)
             sandbox.join_cgroup(req["cgroup"])
         if req["namespaces"]:

@@ -14,7 +14,7 @@ import signal
 import numpy as np
 
 from ..model import Note, Outcome
-from ..processes.protocol import Call
+from ..switch import Call
 from ..processes.runner import RankRecord, RunOutcome
 from .observe import Value
 
@@ -311,6 +311,10 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
                 break
         if call.error and "invalid output tensor list" in call.error:
             notes.append(Note("cause.gather_list_size", {"got": "?", "op": op_name(call)}))
+            break
+        if call.error and call.op == "all_gather" and call.device == "cpu" and len(call.outputs) == 1 \
+                and call.inputs and call.outputs[0].get("shape") == [len(call.group), *call.inputs[0].get("shape", [])]:
+            notes.append(Note("cause.stacked_output", {"op": op_name(call)}))
             break
     pickled = [c for c in record.calls if c.op in through and (c.api or "").endswith("_object")]
     if pickled and len(pickled) == len([c for c in record.calls if c.op in through and c.sends]):

@@ -29,6 +29,7 @@ class WorldSizeRuns:
     world_size: int
     clean: RunOutcome | None = None          # None: skipped, the perturbed run alone proved every value
     perturbed: list[RunOutcome] = field(default_factory=list)  # every perturbed op first, then single ones
+    real: RunOutcome | None = None           # the real-backend run (the visible world size), when one was made
 
 
 class Judge:
@@ -266,7 +267,8 @@ class Judge:
         return []
 
     def evaluate_uses(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
-        """The quantities came through their operations, and no forbidden operation ran."""
+        """The quantities came through their operations, and no forbidden operation ran: measured at the
+        switch, where every operation between ranks passes (there is no group it does not see)."""
         run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
         if run is None or run.stop == "grader_error":
             return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
@@ -279,14 +281,12 @@ class Judge:
                                                         "line": used.line or "?"}))
                 notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
                 break
-        hidden = next((rec for rec in run.ranks if int((rec.result or {}).get("unobserved") or 0) > 0), None)
-        if hidden is not None:   # reached past the observed layer, to the real group inside it
-            notes.append(Note("fail.unobserved_ops", {"rank": hidden.rank, "count": int(hidden.result["unobserved"])}))
         wanted = {op for q in self.exercise.quantities for op in q.through}
         p2p = wanted & {"send", "recv"}
-        # point-to-point: called at all, on some rank (a root may only receive; a rank blocked in its first
-        # send used send/recv all the same); a collective: completed on every rank
-        if p2p and not any(c.op in ("send", "recv") for rec in run.ranks for c in rec.calls):
+        # used means completed: point-to-point, a send and a receive that met (on some ranks: a root may only
+        # receive); a collective, on every rank
+        done = [c for rec in run.ranks for c in rec.calls if c.completed and c.ok]
+        if p2p and not (any(c.op == "send" for c in done) and any(c.op == "recv" for c in done)):
             notes.append(Note("fail.op_not_used", {"op": "/".join(sorted(p2p, reverse=True))}))
         for op in sorted(wanted - p2p):
             if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
@@ -294,6 +294,51 @@ class Judge:
         if notes:
             return CheckResult(check, Outcome.WRONG, notes=notes)
         return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
+
+    def ran_cleanly(self, runs: WorldSizeRuns) -> bool:
+        """The switch run that decides this world size (its clean run, else its perturbed run) ended with
+        every rank done and none failing."""
+        decided = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
+        return decided is not None and decided.stop == "completed" and \
+            not any(diagnose.rank_failure(decided, rec) for rec in decided.ranks)
+
+    def passes_any(self, exercise: Exercise, runs: WorldSizeRuns) -> bool:
+        """Some runtime check of this world size passes through the switch (a real-backend run matters)."""
+        return any(self.evaluate(c, runs).passed for c in exercise.checks
+                   if c.world_size == runs.world_size and c.kind != "static")
+
+    def real_backend(self, results: list[CheckResult], runs: dict) -> None:
+        """A check that passed through the switch loses its points where the real-backend run of its world
+        size shows the code does not work on real gloo (or NCCL) as it is: a value check, where that
+        quantity is not right on every rank there (read as the switch run's values are: returned, or the
+        entry function's locals when it raised); any other check, where the real run failed and the switch
+        runs of that world size did not."""
+        for ws, entry in runs.items():
+            if entry.real is None or entry.real.stop == "grader_error":
+                continue
+            for i, result in enumerate(results):
+                if result.spec.world_size != ws or result.spec.kind == "static" or not result.passed:
+                    continue
+                problem = self._real_problem(entry, result.spec)
+                if problem:
+                    results[i] = CheckResult(result.spec, Outcome.REAL_BACKEND, 0, notes=problem)
+
+    def _real_problem(self, runs: WorldSizeRuns, check: Check) -> list[Note]:
+        real, ws = runs.real, runs.world_size
+        lead = Note("fail.real_backend", {"backend": real.request.backend})
+        failures = [f for f in (diagnose.rank_failure(real, rec) for rec in real.ranks) if f is not None]
+        failure = next((f[1] for f in failures if f[1].key != "fail.stopped"), failures[0][1] if failures else None)
+        if check.kind != "value":
+            return [lead, failure] if failure is not None else []
+        quantity = self.exercise.quantity(check.quantity)
+        for record in real.ranks:
+            value, _ = self.value(record, quantity.name)
+            if self.judge_clean(quantity, value, ws, record.rank)[0] is not Outcome.PASS:
+                if failure is not None:
+                    return [lead, failure]
+                return [lead, Note("real.differs", {"backend": real.request.backend, "quantity": quantity.name}),
+                        self._rank_value(quantity, ws, record.rank, value)]
+        return []
 
     def overrule_static(self, results: list[CheckResult], runs: dict) -> None:
         """A static check that found no forbidden operation in the text, contradicted by the runs (a name

@@ -1,6 +1,6 @@
 """Provenance: prove that a value came from what the communication delivered, made of every rank's own data.
 
-In a perturbed run every tensor a rank sends carries secret deltas (perturb.py), so delivered data
+In a perturbed run every tensor a rank sends carries secret deltas (switch/perturb.py), so delivered data
 cannot be predicted by any rank. A final value F on rank r is proven when it can be decomposed, element
 by element, into:
   - delivered data: F[i] = s * D[j] for an element j that an operation delivered to r (each delivered
@@ -24,7 +24,8 @@ from itertools import combinations
 
 import numpy as np
 
-from ..processes.protocol import Call
+from ..switch import Call
+from ..switch.perturb import perturbable
 from .observe import RunContext, RunView
 
 MAX_DEPTH = 12
@@ -135,7 +136,8 @@ class Tracer:
             if not self.view.perturbed(call):
                 continue
             for k, data in enumerate(call.delivered_values()):
-                if data is not None and data.size:
+                # evidence is perturbed elements only: floating outputs (integers travel as sent)
+                if data is not None and data.size and perturbable(call.delivered[k].get("dtype", "")):
                     entries.append((call, k, data))
         if entries:
             flat = np.concatenate([e[2] for e in entries])
@@ -367,14 +369,13 @@ class Tracer:
         expected = np.zeros(positions.size)
         for term in terms:
             mask = term.sent_positions >= 0
-            sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
+            entered = np.concatenate([v for v in term.call.entered_values() if v is not None] or [np.zeros(0)])
             pos = term.sent_positions[mask]
-            if pos.size and pos.max() >= sent.size:
+            if pos.size and pos.max() >= entered.size:
                 return Finding("unobserved", {"rank": term.rank, "op": term.call.op})
-            deltas = self.view.deltas(term.call)
-            expected[mask] += term.weight * (sent[pos] + (deltas[pos] if deltas is not None else 0))
-        # What was delivered is what the senders sent plus the deltas only the supervisor knows: anything
-        # else is an operation paired with the wrong one, or a rank that tampered with the grader.
+            expected[mask] += term.weight * entered[pos]
+        # What was delivered is what entered the operation, combined as the switch records it: anything
+        # else is a record that does not hold together (never expected: the switch computed both).
         if delivered is None or not np.all(self._close(delivered[positions], expected)):
             return Finding("inconsistent", {"rank": call.rank, "op": call.op, "line": call.line, "n": call.seq + 1})
         for term in terms:

@@ -1,20 +1,23 @@
 """Policy for "traffic" checks: the point-to-point exchanges of a run form the pattern the exercise declares.
 
-An exercise declares the pattern as data, in `Check(kind="traffic", quantity=..., params=...)`:
+Every figure here is the switch's (what passed through it), never what a rank says. An exercise declares the
+pattern as data, in `Check(kind="traffic", quantity=..., params=...)`:
 
     {"pattern": "ring"}      the shape: every rank sends to exactly one peer and receives from exactly one,
                              its neighbours (r + d) mod N and (r - d) mod N, with the same d (+1 or -1) on
                              every rank: either direction, but one ring
     {"sends": f, "sends_formula": "2(N-1)", "volume": "all_reduce"}
-                             the volume: every rank makes f(N) sends and sends at most comm.OPS[volume].ring(N)
-                             x S bytes, plus one element per send (the rounding of uneven chunks); S is the
-                             bytes of the check's quantity (its expected shape, in the dtype the rank used)
+                             the volume: every rank makes f(N) sends, each of at most one chunk (ceil(S/N)
+                             elements), and sends at most comm.OPS[volume].ring(N) x S elements in all, plus one
+                             element per send (the rounding of uneven chunks); S is the element count of the
+                             check's quantity. Every send carries the dtype of the tensor the rank returned:
+                             counted in elements, casting to a narrower type saves nothing, and is named.
 
 Traffic counts for a correct answer only: a traffic check passes when the check's quantity passes its value
 check at the same world size (right on every rank, and derived from what the communication delivered), so a
 forged exchange next to a locally computed answer earns nothing. Peers are global ranks (a call's `peer` is
-a rank of its group: observe.RunView.global_rank). Causes name the measured figures; hidden checks show
-their value-free variants (feedback/render.HIDDEN_VARIANTS).
+a rank of its group). Causes name the measured figures; hidden checks show their value-free variants
+(feedback/render.HIDDEN_VARIANTS).
 """
 from __future__ import annotations
 
@@ -24,69 +27,70 @@ from dataclasses import dataclass, field
 from ..comm import OPS
 from ..exercise.spec import Check
 from ..model import CheckResult, Note, Outcome
-from ..processes.protocol import element_size
 from ..processes.runner import RunOutcome
 from .diagnose import global_peer
 
 
 @dataclass
 class RankTraffic:
-    """One rank's point-to-point traffic in a run."""
+    """One rank's point-to-point traffic in a run, as the switch measured it."""
     rank: int
     sends: int = 0
-    sent: int = 0                     # bytes
-    sizes: list = field(default_factory=list)   # bytes of each send
+    sent: int = 0                     # elements
+    sent_bytes: int = 0
+    sizes: list = field(default_factory=list)   # elements of each send
+    dtypes: list = field(default_factory=list)  # the dtype each send carried
     recvs: int = 0
-    received: int = 0                 # bytes delivered
+    received: int = 0                 # elements delivered
+    received_bytes: int = 0
     to: list = field(default_factory=list)      # global ranks sent to, sorted
     frm: list = field(default_factory=list)     # global ranks received from, sorted
 
 
 def measure(run: RunOutcome) -> list[RankTraffic]:
-    """Per rank: sends and bytes sent (what it handed to send, isend, P2POp), completed receives and bytes
-    delivered, and the peers of both."""
+    """Per rank: sends and elements sent (what it handed to send, isend, P2POp), completed receives and
+    elements delivered, and the peers of both."""
     out = []
     for rec in run.ranks:
         t = RankTraffic(rec.rank)
         sends = [c for c in rec.calls if c.op == "send"]
         recvs = [c for c in rec.calls if c.op == "recv" and c.completed and c.ok]
-        t.sends, t.sizes = len(sends), [c.sent_bytes for c in sends]
-        t.sent = sum(t.sizes)
-        t.recvs, t.received = len(recvs), sum(c.delivered_bytes for c in recvs)
+        t.sends, t.sizes = len(sends), [c.sent_numel for c in sends]
+        t.dtypes = [d for c in sends for d in c.sent_dtypes]
+        t.sent, t.sent_bytes = sum(t.sizes), sum(c.sent_bytes for c in sends)
+        t.recvs = len(recvs)
+        t.received = sum(int(d.get("numel") or 0) for c in recvs for d in c.delivered)
+        t.received_bytes = sum(c.delivered_bytes for c in recvs)
         t.to = sorted({p for c in sends if (p := global_peer(c, c.peer)) is not None})
         t.frm = sorted({p for c in recvs if (p := global_peer(c, c.peer if c.peer is not None else c.source)) is not None})
         out.append(t)
     return out
 
 
-def size_and_element(run: RunOutcome, quantity) -> tuple[int, int]:
-    """(S, bytes per element): the quantity's bytes in the dtype the ranks used (the value they reported,
-    else what they sent; float32 when neither says)."""
+def size_and_dtype(run: RunOutcome, quantity) -> tuple[int, str | None]:
+    """(S, the dtype the ranks returned): the quantity's element count, and the dtype of the value the
+    first rank that reported one returned (None when none did)."""
     numel = math.prod(quantity.expected_shape(run.request.world_size))
-    dtype = None
     for rec in run.ranks:
-        value = (rec.result or {}).get("values", {}) if isinstance((rec.result or {}).get("values"), dict) else {}
-        desc = value.get(quantity.name)
+        values = (rec.result or {}).get("values")
+        desc = values.get(quantity.name) if isinstance(values, dict) else None
         if isinstance(desc, dict) and desc.get("kind") == "tensor":
-            dtype = desc.get("dtype")
-            break
-    if dtype is None:
-        dtype = next((d.get("dtype") for rec in run.ranks for c in rec.calls if c.op == "send" for d in c.inputs or []), None)
-    item = element_size(dtype)
-    return numel * item, item
+            return numel, desc.get("dtype")
+    return numel, None
 
 
-def bound(params: dict, n: int, size: int, item: int) -> tuple[int, int, str]:
-    """(sends per rank, most bytes per rank, the volume's formula) that `params` declare at n ranks."""
+def bound(params: dict, n: int, size: int) -> tuple[int, int, int, str]:
+    """(sends per rank, most elements per rank, most elements per send, the volume's formula) that `params`
+    declare at n ranks for a quantity of `size` elements."""
     sends = int(params["sends"](n)) if callable(params.get("sends")) else int(params.get("sends") or 0)
     op = OPS.get(params.get("volume") or "")
     if op is None or op.ring is None:
-        return sends, -1, "-"
-    return sends, int(op.ring(n) * size) + sends * item, op.formula
+        return sends, -1, -1, "-"
+    return sends, int(op.ring(n) * size) + sends, -(-size // n), op.formula
 
 
-def _times(nbytes: int, size: int) -> str:
-    return f"{nbytes / size:.2f}".rstrip("0").rstrip(".") if size else "?"
+def _times(count: int, size: int) -> str:
+    return f"{count / size:.2f}".rstrip("0").rstrip(".") if size else "?"
 
 
 def shape_causes(traffic: list[RankTraffic], n: int, size: int) -> list[Note]:
@@ -116,22 +120,28 @@ def shape_causes(traffic: list[RankTraffic], n: int, size: int) -> list[Note]:
     return []
 
 
-def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, item: int) -> list[Note]:
+def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, dtype: str | None) -> list[Note]:
     """Why the volume is not the declared one (empty: it is): the rank furthest off, in figures."""
-    sends, most, formula = bound(params, n, size, item)
+    sends, most, chunk, formula = bound(params, n, size)
     notes = []
     wrong_count = [t for t in traffic if t.sends != sends]
     if wrong_count:
         t = max(wrong_count, key=lambda t: abs(t.sends - sends))
         notes.append(Note("cause.traffic_sends", {"rank": t.rank, "count": t.sends, "formula": params.get("sends_formula", "?"),
                                                   "expected": sends}))
+    narrow = next((t for t in traffic if dtype and any(d != dtype for d in t.dtypes)), None)
+    if narrow is not None:
+        notes.append(Note("cause.traffic_dtype", {"rank": narrow.rank, "sent": next(d for d in narrow.dtypes if d != dtype),
+                                                  "dtype": dtype}))
     over = [t for t in traffic if most >= 0 and t.sent > most]
-    if over:
-        t = max(over, key=lambda t: t.sent)
+    big = [t for t in traffic if chunk >= 0 and t.sizes and max(t.sizes) > chunk + 1]
+    if over or big:
+        t = max(over or big, key=lambda t: t.sent)
         whole = t.sizes and min(t.sizes) >= size
-        key = "cause.traffic_whole" if whole else "cause.traffic_bytes"
+        key = "cause.traffic_whole" if whole else "cause.traffic_bytes" if over else "cause.traffic_chunk"
         notes.append(Note(key, {"rank": t.rank, "sent": t.sent, "k": _times(t.sent, size), "count": t.sends,
-                                "formula": formula, "bound": most, "bound_k": _times(most, size), "size": size}))
+                                "formula": formula, "bound": most, "bound_k": _times(most, size), "size": size,
+                                "largest": max(t.sizes), "chunk": chunk}))
     return notes
 
 
@@ -154,24 +164,26 @@ def evaluate_traffic(judge, check: Check, runs) -> CheckResult:
         return CheckResult(check, Outcome.WRONG, notes=[Note("cause.traffic_needs_value", {"quantity": quantity.name})])
     n = run.request.world_size
     traffic = measure(run)
-    size, item = size_and_element(run, quantity)
+    size, dtype = size_and_dtype(run, quantity)
     params = check.params or {}
     notes: list[Note] = []
     if params.get("pattern") == "ring":
         notes += shape_causes(traffic, n, size)
     if "sends" in params or "volume" in params:
-        notes += volume_causes(traffic, params, n, size, item)
+        notes += volume_causes(traffic, params, n, size, dtype)
     details = [Note("detail.traffic", {"rank": t.rank, "sends": t.sends, "sent": t.sent, "recvs": t.recvs,
-                                       "received": t.received, "to": t.to or ["-"], "frm": t.frm or ["-"]})
+                                       "received": t.received, "to": t.to or ["-"], "frm": t.frm or ["-"],
+                                       "sent_bytes": t.sent_bytes, "received_bytes": t.received_bytes})
                for t in traffic]
     if notes:
         return CheckResult(check, Outcome.WRONG, notes=notes, details=details)
     if params.get("pattern") == "ring":
         passed = Note("pass.ring", {"d": "+1" if (traffic[0].to[0] - traffic[0].rank) % n == 1 else "-1"})
     else:
-        sends, most, formula = bound(params, n, size, item)
-        passed = Note("pass.traffic", {"count": sends, "formula": params.get("sends_formula", "?"), "sent": max(t.sent for t in traffic),
-                                       "bound": most, "vformula": formula, "size": size})
+        sends, most, chunk, formula = bound(params, n, size)
+        passed = Note("pass.traffic", {"count": sends, "formula": params.get("sends_formula", "?"),
+                                       "sent": max(t.sent for t in traffic), "bound": most, "vformula": formula,
+                                       "size": size, "chunk": chunk})
     return CheckResult(check, Outcome.PASS, check.points, [passed])
 
 
@@ -183,7 +195,7 @@ def teaching(run: RunOutcome, exercise) -> list[Note]:
         return []
     check = checks[0]
     n = run.request.world_size
-    size, item = size_and_element(run, exercise.quantity(check.quantity))
-    sends, most, formula = bound(check.params, n, size, item)
+    size, _ = size_and_dtype(run, exercise.quantity(check.quantity))
+    sends, most, chunk, formula = bound(check.params, n, size)
     return [Note("teach.traffic_bound", {"ws": n, "size": size, "count": sends, "sformula": check.params.get("sends_formula", "?"),
-                                         "bound": most, "formula": formula})]
+                                         "bound": most, "formula": formula, "chunk": chunk})]

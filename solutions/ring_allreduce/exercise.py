@@ -1,6 +1,6 @@
 """Chapter 19.1: ring all-reduce built from send/recv, graded on its values and on its traffic.
 
-Each rank holds `arange(LENGTH) * (rank + 1)` (float32; data that varies with the element index, so a
+Each rank holds `arange(LENGTH) * (rank + 1) * SCALE` (float32; data that varies with the element index, so a
 chunk put in the wrong place shows). The student writes `ring_all_reduce(tensor, rank, world_size)`,
 which sums `tensor` in place over the ranks with point-to-point operations only (send/recv, isend/irecv,
 batch_isend_irecv); `run_worker(rank, world_size)` (given) calls it and returns the tensor. LENGTH = 1031
@@ -33,8 +33,12 @@ LENGTH = 1031                     # prime: uneven chunks at every world size
 VISIBLE, HIDDEN = (2,), (3, 4, 5)
 
 
+SCALE = 0.37                      # not small integers: sent as int16 or float16, the data would lose precision
+
+
 def local(rank, ws):
-    return np.arange(LENGTH, dtype=np.float64) * (rank + 1)
+    """torch.arange(LENGTH, dtype=torch.float32) * (rank + 1) * 0.37, as float32 computes it"""
+    return (np.arange(LENGTH, dtype=np.float32) * np.float32(rank + 1) * np.float32(SCALE)).astype(np.float64)
 
 
 TENSOR = Quantity("tensor", local=local, combine="sum", through=("send", "recv"),
@@ -84,11 +88,12 @@ def after_reduce_scatter(ws: int, rank: int, d: int, layout) -> np.ndarray:
 
 def diagnose(name, data, ws, rank, context):
     """Which step of the ring went wrong, for a rank that returned a wrong sum. Every element of the
-    right answer is index x N(N+1)/2; the multipliers data[i] / i say which ranks' data an element holds."""
+    right answer is index x SCALE x N(N+1)/2; the multipliers data[i] / (i SCALE) say which ranks' data an
+    element holds."""
     if data is None or data.size != LENGTH or ws < 2 or not context.get("returned", True):
         return []
     full = ws * (ws + 1) / 2
-    m = data[1:] / np.arange(1, LENGTH)
+    m = data[1:] / (np.arange(1, LENGTH) * SCALE)
     right = np.isclose(m, full, rtol=1e-5)
     if right.all():
         return []

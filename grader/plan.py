@@ -1,0 +1,105 @@
+"""Which runs one grading makes, round by round, and the real-backend run beside them.
+
+Every graded run goes through the switch (processes/runner.py, switch/). Per world size:
+  round 1   a perturbed run (what the quantities come through, and what the exercise forbids, perturbed);
+            it alone proves an honest submission's values (Judge.proven), so nothing more is needed;
+  round 2   the clean run of every world size the perturbed run did not prove: what the code really
+            computes, for the verdict and its causes;
+  round 3   (rare) a run perturbing only the operations of a quantity that rounds 1-2 could not observe (an
+            honest assert fired before it was computed).
+Code that asserts its own values (the chapter's reference does) fails its perturbed runs by design, so its
+clean runs decide: `grade` and `check`, which someone waits for, start them in round 1 (each kept only
+where the perturbed run does not decide alone, so the verdicts are those of two rounds).
+
+The real-backend run: the student's code once more, at the visible world size, on torch's own gloo (NCCL
+where enough GPUs are visible), for what the chapter teaches: its output and its real communication times.
+It is needed only where the switch run of the visible world size ran without a failure and some check of
+it passes (a failure or a different answer there costs that world size's points, Judge.real_backend). `grade` and `check` start it in
+round 1 and cancel it as soon as the visible perturbed run shows it will not be needed; a batch starts it
+only once it is.
+"""
+from __future__ import annotations
+
+from .exercise.spec import Exercise
+from .processes.runner import Runner, RunRequest
+from .verify.judge import Judge, WorldSizeRuns
+
+
+def backend_for(ws: int, backend: str, gpus: int) -> str | None:
+    """The real backend at world size ws: gloo, or NCCL with a GPU per rank (None: NCCL asked for, too few)."""
+    if backend == "gloo":
+        return "gloo"
+    if backend == "nccl":
+        return "nccl" if gpus >= ws else None
+    return "nccl" if gpus >= ws else "gloo"
+
+
+def perturbed_ops(exercise: Exercise) -> tuple[str, ...]:
+    """The operations a perturbed run perturbs: those the quantities come through, and those the exercise
+    forbids (a value that went through a forbidden operation can then still be shown right, if not
+    allowed: the "uses" check says so)."""
+    ops = []
+    forbidden = [op for check in exercise.checks if check.kind == "uses" for op in check.forbid]
+    for op in [op for quantity in exercise.quantities for op in quantity.through] + list(exercise.forbidden) + forbidden:
+        ops += ["send", "recv"] if op in ("send", "recv") else [op]
+    return tuple(dict.fromkeys(ops))
+
+
+def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: Runner, *, backend: str,
+            show_output: bool, real: bool, preload: tuple, self_checks: bool = False) -> dict[int, WorldSizeRuns]:
+    gpus = runner.gpus if backend != "gloo" else 0
+    names = tuple(q.name for q in exercise.quantities)
+    visible = exercise.visible_world_sizes[:1]
+    real_at = visible[0] if real and visible and visible[0] in world_sizes else None
+    real_backend = backend_for(real_at, backend, gpus) if real_at is not None else None
+
+    def request(ws: int, perturb: tuple, label: str, mode: str = "switch") -> RunRequest:
+        return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
+                          entry=exercise.entry, quantities=names, perturb=perturb, label=label, preload=preload,
+                          mode=mode, backend=real_backend or "gloo" if mode == "real" else "gloo",
+                          cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
+                          files=dict(getattr(submission, "files", None) or {}))
+
+    every = perturbed_ops(exercise)
+    first = [request(ws, every, "perturbed") for ws in world_sizes]
+    early = sorted(ws for ws in world_sizes if show_output and self_checks)
+    first += [request(ws, (), "clean") for ws in early]
+    speculative = show_output and real_backend is not None
+    if speculative:
+        first.append(request(real_at, (), "real", "real"))
+    runs = {ws: WorldSizeRuns(ws) for ws in world_sizes}
+
+    def watch(index: int, outcome):
+        """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed."""
+        req = outcome.request
+        if speculative and req.perturb and req.world_size == real_at and not judge.proven(outcome) \
+                and (not self_checks or outcome.stop in ("deadlock", "timeout")):
+            return [len(first) - 1]
+        return ()
+
+    for outcome in runner.run_many(first, watch=watch):
+        entry = runs[outcome.request.world_size]
+        if outcome.request.real:
+            entry.real = outcome if outcome.stop != "cancelled" else None
+        elif outcome.request.perturb:
+            entry.perturbed.append(outcome)
+        else:
+            entry.clean = outcome
+    for ws in early:
+        if runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]):
+            runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
+    second = [request(ws, (), "clean") for ws, entry in runs.items()
+              if entry.clean is None and not judge.proven(entry.perturbed[0])]
+    for outcome in runner.run_many(second) if second else []:
+        runs[outcome.request.world_size].clean = outcome
+    third = [request(ws, ops, "perturbed-" + "+".join(ops))
+             for ws, entry in runs.items() for ops in judge.unobserved(entry)]
+    for outcome in runner.run_many(third) if third else []:
+        runs[outcome.request.world_size].perturbed.append(outcome)
+    if real_at is not None:
+        entry = runs[real_at]
+        if not (judge.ran_cleanly(entry) and judge.passes_any(exercise, entry)):
+            entry.real = None   # it could cost nothing: the switch runs failed where it would
+        elif entry.real is None:
+            entry.real = runner.run_many([request(real_at, (), "real", "real")])[0]
+    return runs

@@ -1,0 +1,309 @@
+"""The switch: the only channel between the ranks of a run, in a grader process where no student code runs.
+
+Each rank has one socket, to the supervisor, which feeds every frame a rank sends to the Switch of its run
+(processes/runner.py). For every operation a rank starts (an "op" frame: the method, its group, its
+options, the tensors it sends and the shapes of its output buffers) the switch
+  - checks the call alone, as gloo does at enqueue (ops.Family.check): an error goes back to that rank;
+  - in a perturbed run, adds fresh secret deltas to its own copy of what the rank sent (perturb.py);
+  - pairs it: a collective with the calls of the other ranks of its group with the same index on that
+    group (all of them, or it waits), checking that they fit (ops.Family.agree); a send with the first
+    receive posted for it (a send completes only when its receive is posted: gloo does not buffer sends);
+  - computes what each rank's output buffers receive (ops.Family.run) and sends it back ("done" frames);
+  - records all of it (record.Call): what was sent, what entered the operation, what was delivered and
+    where each delivered element came from, in the order of the switch's own clock.
+Nothing a rank says about communication is taken on trust: what it sent and received is what passed here.
+A rank's words (the line it called from, whether it waited) are kept as hints for the feedback only.
+
+The switch also knows when no operation can progress (`stuck`): every rank that has not finished waits on
+an operation that nothing pending or to come can complete.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import comm, wire
+from . import ops, perturb
+from .record import Call
+
+RETAIN_BYTES = 48 << 20     # values kept per rank for verification (sizes are kept beyond it)
+TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run
+MAX_TENSORS = 4096          # tensors in one operation
+
+
+class ProtocolError(Exception):
+    """A frame that no honest rank sends: the rank is stopped, with a verdict naming it."""
+
+
+class TrafficLimit(Exception):
+    """A rank passed more than TRAFFIC_BYTES through the switch."""
+
+
+def _int(value, low: int, high: int) -> bool:
+    return type(value) is int and low <= value < high
+
+
+def _opt_str(value, limit: int = 200) -> str | None:
+    return value[:limit] if isinstance(value, str) else None
+
+
+class Switch:
+    def __init__(self, world_size: int, perturb_ops: tuple = (), rng: np.random.Generator | None = None):
+        self.ws = world_size
+        self.perturb_ops = set(perturb_ops)
+        self.rng = rng if rng is not None or not perturb_ops else perturb.generator()
+        self.calls: list[list[Call]] = [[] for _ in range(world_size)]
+        self.args: dict[tuple[int, int], ops.Args] = {}        # (rank, seq) -> its tensors, while pending
+        self.clock = 0
+        self.outbox: list[tuple[int, list]] = []             # (rank, frame buffers) to write
+        self.finished: set[int] = set()
+        self.blocked: dict[int, int] = {}                    # rank -> seq of the operation it waits on
+        self.retained = [0] * world_size
+        self.traffic = [0] * world_size
+        self._index: dict[tuple, int] = {}                   # (rank, group key) -> collectives so far
+        self._slots: dict[tuple, dict[int, Call]] = {}       # (group key, index) -> group rank -> call
+        self._sends: list[Call] = []                         # pending point-to-point operations, in order
+        self._recvs: list[Call] = []
+
+    # -- frames in ----------------------------------------------------------------------------------
+    def receive(self, rank: int, header: dict, blobs: list) -> None:
+        """An "op" or "wait" frame from `rank`. Raises ProtocolError (or wire.WireError) for a bad one."""
+        self.clock += 1
+        kind = header.get("t")
+        if kind == "wait":
+            seq = header.get("seq")
+            if not _int(seq, 0, len(self.calls[rank])):
+                raise ProtocolError("wait for an operation that does not exist")
+            call = self.calls[rank][seq]
+            call.waited = True
+            if not call.completed:
+                self.blocked[rank] = seq
+            return
+        if kind != "op":
+            raise ProtocolError(f"unexpected frame {kind!r}")
+        call, args = self._parse(rank, header, blobs)
+        self.calls[rank].append(call)
+        try:
+            if call.op in ("send", "recv"):
+                ops.check_p2p(call, args, len(call.group))
+            else:
+                ops.FAMILIES[call.op].check(call, args, len(call.group))
+        except ops.OpError as err:
+            self._fail(call, str(err))
+            return
+        if self.perturb_ops and call.sends and call.op in self.perturb_ops:
+            entered = [perturb.perturbed(a, t.dtype, self.rng) if a is not None else None
+                       for a, t in zip(call.sent, args.flat_in)]
+            if any(e is not None for e in entered):   # what entered: perturbed where floating, else as sent
+                call.perturbed = [e if e is not None else a for e, a in zip(entered, call.sent)]
+        self.args[(rank, call.seq)] = args
+        if call.op in ("send", "recv"):
+            self._post_p2p(call)
+        else:
+            self._post_collective(call)
+
+    def _parse(self, rank: int, h: dict, blobs: list) -> tuple[Call, ops.Args]:
+        seq, method = h.get("seq"), h.get("method")
+        if seq != len(self.calls[rank]):
+            raise ProtocolError("operations out of order")
+        spec = comm.METHODS.get(method) if isinstance(method, str) else None
+        if spec is None or spec.backend and spec.backend.startswith("*"):
+            raise ProtocolError(f"unknown method {str(method)[:40]!r}")
+        group = h.get("group")
+        if not isinstance(group, list) or not group or len(group) > self.ws or len(set(group)) != len(group) \
+                or not all(_int(g, 0, self.ws) for g in group) or rank not in group:
+            raise ProtocolError("bad group")
+        n, me = len(group), group.index(rank)
+        root, peer, tag, reduce = h.get("root"), h.get("peer"), h.get("tag"), h.get("reduce")
+        if root is not None and not _int(root, 0, n):
+            raise ProtocolError("bad root")
+        if spec.op in ("broadcast", "reduce", "gather", "scatter") and root is None:
+            raise ProtocolError("rooted operation without a root")
+        if peer is not None and not _int(peer, -(1 << 31), 1 << 31):
+            raise ProtocolError("bad peer")
+        if tag is not None and not _int(tag, -(1 << 62), 1 << 62):
+            raise ProtocolError("bad tag")
+        if reduce is not None and reduce not in ops.REDUCES:
+            raise ProtocolError("bad reduce operation")
+        if spec.op in ("send", "recv") and method != "recv_anysource" and peer is None:
+            raise ProtocolError("point-to-point operation without a peer")
+        splits = h.get("splits")
+        if splits is not None and not (isinstance(splits, list) and len(splits) == 2 and all(
+                s is None or (isinstance(s, list) and len(s) <= n and all(_int(x, 0, 1 << 40) for x in s)) for s in splits)):
+            raise ProtocolError("bad splits")
+        sends, receives = comm.sends_on(spec, me, root), comm.receives_on(spec, me, root)
+        args = ops.Args()
+        args.inputs = self._tensors(h.get("inputs"), blobs, args.flat_in, data=sends) if spec.sends else None
+        args.outputs = self._tensors(h.get("outputs"), blobs, args.flat_out, data=False) if spec.receives else None
+        if len(args.flat_in) + len(args.flat_out) > MAX_TENSORS:
+            raise ProtocolError("too many tensors")
+        nbytes = sum(t.data.nbytes for t in args.flat_in if t.data is not None)
+        if nbytes > wire.MAX_PAYLOAD:
+            raise ProtocolError(f"an operation of {nbytes} bytes")
+        self.traffic[rank] += nbytes
+        if self.traffic[rank] > TRAFFIC_BYTES:
+            raise TrafficLimit()
+        call = Call(rank=rank, seq=seq, method=method, op=spec.op, group=tuple(group), root=root, reduce=reduce,
+                    peer=peer, tag=tag, sends=sends, receives=receives, splits=splits,
+                    device=_opt_str(h.get("device"), 16) or "cpu", entered_at=self.clock,
+                    line=h.get("line") if _int(h.get("line"), 0, 1 << 31) else None,
+                    function=_opt_str(h.get("function")), api=_opt_str(h.get("api")),
+                    async_op=h.get("async") if isinstance(h.get("async"), bool) else None,
+                    gname=_opt_str(h.get("gname")) or "")
+        call.inputs = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in args.flat_in] if sends else []
+        call.outputs = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in args.flat_out]
+        call.sent = [t.data for t in args.flat_in] if sends else []
+        call.weight = ops.weight_of(reduce, n) if spec.op in ("all_reduce", "reduce_scatter", "reduce") else 1.0
+        self._retain(call, nbytes)
+        return call, args
+
+    @staticmethod
+    def _tensors(nested, blobs, flat: list, data: bool, depth: int = 0):
+        """A parameter's descriptors, nested (a tensor, a list of them, a list of lists) as ops.T."""
+        if isinstance(nested, dict):
+            dtype, shape, numel = wire.meta(nested)
+            values = wire.tensor(nested, blobs)
+            if data and values is None:
+                raise ProtocolError("a tensor the rank sends came without its values")
+            t = ops.T(dtype, shape, numel, len(flat), values if data else None)
+            flat.append(t)
+            return t
+        if isinstance(nested, list) and depth < 2 and len(nested) <= MAX_TENSORS:
+            return [Switch._tensors(item, blobs, flat, data, depth + 1) for item in nested]
+        if nested is None and depth == 0:
+            return []
+        raise ProtocolError("bad tensor nesting")
+
+    def _retain(self, call: Call, nbytes: int) -> None:
+        rank = call.rank
+        if self.retained[rank] + 2 * nbytes > RETAIN_BYTES:
+            call.retained = False
+        else:
+            self.retained[rank] += 2 * nbytes
+
+    # -- pairing ------------------------------------------------------------------------------------
+    def _post_collective(self, call: Call) -> None:
+        key = (call.group, call.gname)
+        index = self._index.get((call.rank, key), 0)
+        self._index[(call.rank, key)] = index + 1
+        call.index = index
+        slot = self._slots.setdefault((key, index), {})
+        slot[call.group.index(call.rank)] = call
+        if len(slot) == len(call.group):
+            del self._slots[(key, index)]
+            self._complete_collective([slot[g] for g in range(len(call.group))])
+
+    def _complete_collective(self, calls: list[Call]) -> None:
+        n = len(calls)
+        pairs = [(c, self.args.pop((c.rank, c.seq))) for c in calls]
+        for c in calls:
+            c.partners = {g: other for g, other in enumerate(calls)}
+        family = ops.FAMILIES[calls[0].op]
+        try:
+            family.agree(pairs, n)
+        except ops.OpError as err:
+            for c in calls:
+                self._fail(c, str(err))
+            return
+        ins = [self._entered(c, args) for c, args in pairs]
+        try:
+            results = family.run(pairs, ins, n)
+        except (ValueError, IndexError, TypeError, ops.OpError) as err:   # shapes ops.check let through
+            for c in calls:
+                self._fail(c, f"the switch could not run {calls[0].op}: {err}")
+            return
+        self.clock += 1
+        for (c, args), (arrays, pieces) in zip(pairs, results):
+            self._deliver(c, args, arrays, pieces)
+
+    @staticmethod
+    def _entered(call: Call, args: ops.Args) -> list[np.ndarray]:
+        if not call.sends:
+            return []
+        return list(call.perturbed) if call.perturbed is not None else list(call.sent)
+
+    def _post_p2p(self, call: Call) -> None:
+        if call.op == "send":
+            match = next((r for r in self._recvs if self._pairs(call, r)), None)
+            if match is None:
+                self._sends.append(call)
+                return
+            self._recvs.remove(match)
+            self._complete_p2p(call, match)
+        else:
+            match = next((s for s in self._sends if self._pairs(s, call)), None)
+            if match is None:
+                self._recvs.append(call)
+                return
+            self._sends.remove(match)
+            self._complete_p2p(match, call)
+
+    @staticmethod
+    def _pairs(send: Call, recv: Call) -> bool:
+        """A send to this receiver, on the same group, with the same tag, from the peer it names (or any)."""
+        if (send.group, send.gname) != (recv.group, recv.gname) or send.tag != recv.tag:
+            return False
+        if send.group[send.peer] != recv.rank:
+            return False
+        return recv.peer is None or recv.group[recv.peer] == send.rank
+
+    def _complete_p2p(self, send: Call, recv: Call) -> None:
+        s_args, r_args = self.args.pop((send.rank, send.seq)), self.args.pop((recv.rank, recv.seq))
+        g_send, g_recv = send.group.index(send.rank), recv.group.index(recv.rank)
+        send.partners, recv.partners = {g_recv: recv}, {g_send: send}
+        recv.source = g_send
+        problem = ops.check_message((send, s_args), (recv, r_args))
+        if problem is not None:
+            self._fail(send, problem)
+            self._fail(recv, problem)
+            return
+        data = self._entered(send, s_args)[0]
+        self.clock += 1
+        self._deliver(send, s_args, [], [])
+        self._deliver(recv, r_args, [data.copy()], [[ops.Piece(0, data.size, ((g_send, 0, 0),))]])
+
+    # -- frames out ---------------------------------------------------------------------------------
+    def _deliver(self, call: Call, args: ops.Args, arrays: list, pieces: list) -> None:
+        call.completed, call.ok, call.completed_at = True, True, self.clock
+        outs = args.flat_out if call.receives else []
+        descs, blobs = [], []
+        for t, array in zip(outs, arrays):
+            descs.append({"dtype": t.dtype, "shape": list(t.shape), "blob": len(blobs)})
+            blobs.append(wire.to_bytes(array, t.dtype))
+        call.delivered = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in outs[:len(arrays)]]
+        call.delivered_arrays = list(arrays) if call.retained else [None] * len(arrays)
+        call.pieces = list(pieces)
+        if not call.retained:
+            call.sent = [None] * len(call.sent)
+            call.perturbed = None if call.perturbed is None else [None] * len(call.perturbed)
+        self._unblock(call)
+        self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": True, "source": call.source,
+                                                   "outputs": descs}, blobs)))
+
+    def _fail(self, call: Call, error: str) -> None:
+        call.completed, call.ok, call.error, call.completed_at = True, False, error[:1000], self.clock
+        self.args.pop((call.rank, call.seq), None)
+        self._unblock(call)
+        self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": False, "error": call.error})))
+
+    def _unblock(self, call: Call) -> None:
+        if self.blocked.get(call.rank) == call.seq:
+            del self.blocked[call.rank]
+
+    # -- what the supervisor asks -------------------------------------------------------------------
+    def finish(self, rank: int) -> None:
+        """The rank will start no operation any more (it returned, raised, exited or was stopped); what it
+        waited on when it was stopped stays known (the verdict names it)."""
+        self.finished.add(rank)
+
+    def pending(self, rank: int) -> list[Call]:
+        return [c for c in self.calls[rank] if not c.completed]
+
+    def waiting_on(self, rank: int) -> Call | None:
+        seq = self.blocked.get(rank)
+        return None if seq is None else self.calls[rank][seq]
+
+    def stuck(self) -> bool:
+        """Every rank that has not finished waits on an operation, and none of those can complete: each
+        needs a rank that has finished, or a call that only a waiting rank could still make."""
+        live = [r for r in range(self.ws) if r not in self.finished]
+        return bool(live) and all(r in self.blocked for r in live)

@@ -1,0 +1,212 @@
+"""The switch (grader/switch/): what it delivers is what torch's own gloo delivers; what it refuses it names;
+every byte from a rank is hostile input; its records are its own measurements.
+
+The differential test runs tests/fixtures/differential/cases.py (every operation and dtype students use,
+each case on a group of its own) through the switch and through torch's gloo in the same sandbox, and
+compares every rank's outputs, case by case, and the errors where gloo raises.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES
+from grader import wire
+from grader.processes.runner import Runner, RunRequest
+from grader.processes.sandbox import Limits
+from grader.switch import ProtocolError, Switch
+from grader.switch.ops import reduce_arrays
+from switchsim import Sim
+
+CASES = FIXTURES / "differential" / "cases.py"
+# Where the switch deliberately differs from gloo, each named in switch/ops.py's docstring: gloo raises for
+# AVG on integers at a later wait (the switch at once); the rest are errors the switch names more clearly
+# than gloo's own words. The values of every other case must be equal.
+SAME_ERROR_TEXT_EXCEPT = ("wrong size", "output too long", "stacked output")
+
+
+def _cases(out) -> list[dict]:
+    per_rank = []
+    for rec in out.ranks:
+        rows = [json.loads(line[5:]) for line in rec.output_text().splitlines() if line.startswith("CASE ")]
+        per_rank.append({row["case"]: row for row in rows})
+    return per_rank
+
+
+def _close(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    if "error" in a:
+        return True
+    if len(a["ok"]) != len(b["ok"]):
+        return False
+    for x, y in zip(a["ok"], b["ok"]):
+        if (x["dtype"], x["shape"]) != (y["dtype"], y["shape"]):
+            return False
+        if not np.allclose(np.asarray(x["values"], dtype=float), np.asarray(y["values"], dtype=float),
+                           rtol=1e-2 if x["dtype"] in wire.HALF else 1e-6, equal_nan=True):
+            return False
+    return True
+
+
+def _clean(error: str) -> str:
+    return re.sub(r"\[rank\d+\]:\[\S+ [\d:.]+ \S+\] ", "", error).strip()
+
+
+@pytest.fixture(scope="module")
+def differential():
+    source = CASES.read_text()
+    with Runner(limits=Limits(wall_s=60, output_keep_kb=1024)) as runner:
+        requests = [RunRequest(world_size=ws, source=source, filename="cases.py", quantities=("t",), mode=mode)
+                    for ws in (2, 3) for mode in ("switch", "real")]
+        outs = runner.run_many(requests)
+    return {(r.world_size, r.mode): out for r, out in zip(requests, outs)}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("ws", [2, 3])
+def test_every_operation_and_dtype_delivers_what_gloo_delivers(differential, ws):
+    switch, gloo = differential[ws, "switch"], differential[ws, "real"]
+    assert switch.stop == gloo.stop == "completed", (switch.error, gloo.error)
+    ours, theirs = _cases(switch), _cases(gloo)
+    assert len(ours[0]) >= 100 and all(r.keys() == ours[0].keys() for r in ours + theirs)
+    wrong = [(rank, name, ours[rank][name], theirs[rank][name]) for rank in range(ws) for name in ours[rank]
+             if not _close(ours[rank][name], theirs[rank][name])]
+    assert wrong == []
+    for rank in range(ws):
+        for name, row in ours[rank].items():
+            if "error" in row and not any(word in name for word in SAME_ERROR_TEXT_EXCEPT):
+                assert _clean(row["error"]) == _clean(theirs[rank][name]["error"]), name
+    # what the cases cover, at least: every dtype reduced, errors where gloo raises, the rooted operations
+    names = set(ours[0])
+    assert {"all_reduce torch.bfloat16 SUM", "all_reduce torch.int16 SUM", "all_reduce torch.int64 AVG",
+            "all_to_all_single with splits", "recv from any source, and tags", "monitored_barrier"} <= names
+    assert sum("error" in row for row in ours[0].values()) >= 20
+
+
+# -- what the switch names instead of gloo's silence, hang or abort ------------------------------------
+
+def test_mismatched_calls_are_named_on_every_rank():
+    sim = Sim(2, perturb=())
+    sim.op(0, "allreduce", [np.ones(4)], [(4,)], reduce="SUM")
+    sim.op(1, "allgather", [np.ones(3)], [[(3,), (3,)]])
+    errors = [sim.switch.calls[r][0].error for r in range(2)]
+    assert errors[0] == errors[1] and "rank 0: allreduce(float32(4))" in errors[0] and "rank 1: allgather(float32(3))" in errors[0]
+    sim = Sim(2, perturb=())
+    sim.op(0, "allreduce", [np.ones(4)], [(4,)], reduce="SUM")   # the same operation, different shapes
+    sim.op(1, "allreduce", [np.ones(5)], [(5,)], reduce="SUM")
+    assert "float32(4)" in sim.switch.calls[0][0].error and "float32(5)" in sim.switch.calls[0][0].error
+
+
+def test_point_to_point_rules():
+    sim = Sim(2, perturb=())
+    sim.op(0, "send", [np.ones(6)], None, peer=1, tag=0)
+    assert not sim.switch.calls[0][0].completed               # a send completes when its receive is posted
+    sim.op(1, "recv", None, [(4,)], peer=0, tag=0)
+    for rank in (0, 1):
+        assert "message of 6 elements into a receive buffer of 4" in sim.switch.calls[rank][0].error
+    sim.op(0, "send", [np.ones(2)], None, peer=0, tag=0)       # to oneself
+    assert "cannot send to itself" in sim.switch.calls[0][1].error
+    sim.op(0, "send", [np.ones(2)], None, peer=1, tag=5)
+    sim.op(1, "recv", None, [(2,)], peer=0, tag=6)             # another tag: no pairing
+    assert not sim.switch.calls[0][2].completed and not sim.switch.calls[1][1].completed
+
+
+def test_a_deadlock_is_known_at_once():
+    sim = Sim(2, perturb=())
+    for rank in range(2):
+        sim.op(rank, "send", [np.ones(3)], None, peer=1 - rank, tag=0)
+        sim.switch.receive(rank, {"t": "wait", "seq": 0}, [])
+    assert sim.switch.stuck() and sim.switch.waiting_on(0).op == "send"
+    sim = Sim(2, perturb=())
+    sim.all_reduce([np.ones(2), np.ones(2)])
+    sim.op(0, "allgather", [np.ones(2)], [[(2,), (2,)]])
+    sim.switch.receive(0, {"t": "wait", "seq": 1}, [])
+    assert not sim.switch.stuck()                              # rank 1 is still running
+    sim.switch.finish(1)                                       # ... until it returns without calling it
+    assert sim.switch.stuck()
+
+
+def test_every_floating_element_is_perturbed_one_element_tensors_included():
+    sim = Sim(2)
+    out = sim.all_reduce([np.ones(1), np.ones(1)])
+    assert out[0][0] > 2.0 and all((c.deltas() > 0).all() for c in (sim.switch.calls[0][0], sim.switch.calls[1][0]))
+    sim = Sim(2, dtype="torch.float16")
+    out = sim.all_reduce([np.full(4, 1000.0), np.full(4, 1000.0)])
+    assert (out[0] > 2000 + 2 * 1001 / 8 - 1).all()            # beyond float16's rounding and tolerance
+
+
+def test_reductions_in_the_dtype():
+    bf = [np.array([1.0, 1 / 3], dtype=np.float32)] * 3
+    total = reduce_arrays([wire.round_to(a.astype(np.float64), "torch.bfloat16") for a in bf], "SUM", "torch.bfloat16", 3)
+    assert total.tolist() == wire.round_to(total.astype(np.float64), "torch.bfloat16").tolist()   # still bfloat16 values
+    assert reduce_arrays([np.array([200], np.uint8), np.array([100], np.uint8)], "SUM", "torch.uint8", 2).tolist() == [44]
+    assert reduce_arrays([np.array([True, False]), np.array([False, False])], "SUM", "torch.bool", 2).tolist() == [True, False]
+
+
+# -- hostile frames: a named stop of that rank, never the grader's failure -----------------------------
+
+BAD_FRAMES = [
+    ({"t": "op", "seq": 0, "method": "allreduce", "group": [0, 1], "inputs": [{"dtype": "<U1", "shape": [1], "blob": 0}],
+      "outputs": [{"dtype": "<U1", "shape": [1]}]}, [b"x"]),                                        # a numpy format as dtype
+    ({"t": "op", "seq": 0, "method": "allreduce", "group": [0, 1], "inputs": [{"dtype": "torch.float32", "shape": [4], "blob": 0}],
+      "outputs": [{"dtype": "torch.float32", "shape": [4]}]}, [b"\0" * 3]),                         # bytes that do not fit
+    ({"t": "op", "seq": 0, "method": "exec", "group": [0, 1]}, []),                                 # no such method
+    ({"t": "op", "seq": 5, "method": "barrier", "group": [0, 1]}, []),                              # out of order
+    ({"t": "op", "seq": 0, "method": "barrier", "group": [0, 7]}, []),                              # a rank that is not there
+    ({"t": "op", "seq": 0, "method": "allreduce", "group": [0, 1], "inputs": [{"dtype": "torch.float32", "shape": [4]}],
+      "outputs": [{"dtype": "torch.float32", "shape": [4]}]}, []),                                  # sent without values
+    ({"t": "op", "seq": 0, "method": "allreduce", "group": [0, 1], "inputs": [[[[{}]]]]}, []),      # nested too deep
+    ({"t": "op", "seq": 0, "method": "allreduce", "group": [0, 1], "inputs": [{"dtype": "torch.float32", "shape": [-1]}]}, []),
+    ({"t": "wait", "seq": 3}, []),
+]
+
+
+@pytest.mark.parametrize("header, blobs", BAD_FRAMES)
+def test_hostile_frames_are_refused(header, blobs):
+    with pytest.raises((ProtocolError, wire.WireError)):
+        Switch(2).receive(0, header, blobs)
+
+
+def test_the_frame_reader_refuses_what_does_not_parse():
+    for raw in (b"\xff\xff\xff\xff", b"\x05\0\0\0\x01\0\0\0x", b"\x0a\0\0\0\x06\0\0\0[1, 2]", b"\x08\0\0\0\x04\0\0\0{\"a\""):
+        with pytest.raises(wire.WireError):
+            wire.FrameReader().feed(raw)
+    assert wire.value({"kind": "tensor", "dtype": "<U1", "shape": [1], "blob": 0}, [b"x"])["kind"] == "other"
+
+
+HOSTILE_RANK = """
+import os, socket, stat, struct, json
+def run_worker(rank, world_size):
+    def sock_fd(f):
+        try:
+            return stat.S_ISSOCK(os.fstat(int(f)).st_mode)
+        except OSError:   # the listing's own descriptor, closed by now
+            return False
+    fd = next(int(f) for f in os.listdir("/proc/self/fd") if f.isdigit() and sock_fd(f))
+    sock = socket.socket(fileno=os.dup(fd))      # the rank's own channel to the grader
+    {body}
+    return None
+"""
+MALFORMED = {
+    "unicode_dtype": 'h = json.dumps({"t": "result", "how": "return", "values": {"t": {"kind": "tensor", "dtype": "<U1", '
+                     '"shape": [1], "blob": 0}}, "blobs": [1]}).encode(); '
+                     'sock.sendall(struct.pack("<II", 4 + len(h) + 1, len(h)) + h + b"x")',
+    "garbage": 'sock.sendall(b"\\xff" * 64)',
+    "huge_length": 'sock.sendall(struct.pack("<I", 2**31))',
+}
+
+
+@pytest.mark.timeout(60)
+def test_malformed_messages_end_that_rank_with_a_named_verdict():
+    with Runner(limits=Limits(wall_s=10)) as runner:
+        outs = runner.run_many([RunRequest(world_size=2, source=HOSTILE_RANK.format(body=body), filename="h.py",
+                                           quantities=("t",)) for body in MALFORMED.values()])
+    for name, out in zip(MALFORMED, outs):
+        if name == "unicode_dtype":   # a well-formed frame with a value the grader will not read
+            assert out.stop == "completed" and out.ranks[0].result["values"]["t"]["kind"] == "other", name
+        else:
+            assert out.stop == "protocol" and out.stop_rank in (0, 1), (name, out.stop, out.error)
