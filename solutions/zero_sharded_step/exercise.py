@@ -173,9 +173,9 @@ def _own_shard(rank: int, ws: int, ctx):
 
 
 QUANTITIES = (
-    Quantity("params", local=_own_shard, combine="concat", through=("reduce_scatter", "all_gather"),
+    Quantity("params", local=_own_shard, context=True, combine="concat", through=("reduce_scatter", "all_gather"),
              expected=_expected_params, shape=lambda ws: [P], label=("参数 params", "params")),
-    Quantity("momentum", local=_own_momentum, combine="own", through=("reduce_scatter",),
+    Quantity("momentum", local=_own_momentum, context=True, combine="own", through=("reduce_scatter",),
              expected=_expected_momentum, shape=lambda ws: [shard_size(ws)], label=("动量 momentum", "momentum")),
 )
 
