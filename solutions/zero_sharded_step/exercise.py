@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from grader.comm import OPS
-from grader.exercise import Alternatives, Check, Exercise, Quantity
+from grader.exercise import Alternatives, Check, Exercise, Quantity, Todo
 
 NUM_PARAMS = 1030
 LR = 0.1
@@ -378,6 +378,7 @@ EXERCISE = Exercise(
     messages=MESSAGES,
     diagnose=diagnose,
     teach=teach,
-    todo=("请先完成 run_worker 里的 TODO（reduce_scatter、分片更新、all_gather）",
-          "complete the TODOs of run_worker first (reduce_scatter, the shard update, all_gather)"),
+    todo=(Todo(("TODO 1（reduce_scatter）", "TODO 1 (reduce_scatter)"), op="reduce_scatter"),
+          Todo(("TODO 2（分片更新）", "TODO 2 (the shard update)")),
+          Todo(("TODO 3（all_gather）", "TODO 3 (all_gather)"), op="all_gather")),
 )
