@@ -9,13 +9,15 @@ The course root is the folder holding this file, so the commands work from any d
 import os
 import sys
 
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOutput, DeduplicateIds, GetGrades,
+                                    OverwriteKernelspec)
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.isdir(os.path.join(HERE, "grader")) and HERE not in sys.path:
     sys.path.insert(0, HERE)  # the grader package of this checkout, installed or not
 from grader.integrations.release import STUB  # noqa: E402  (the .py release uses the same stub line)
+from grader.integrations.nbhidden import RestoreHiddenTests  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -45,6 +47,10 @@ c.Execute.interrupt_on_timeout = True
 # A deleted test cell is put back (from the gradebook) and run: deleting one gains nothing and costs nothing.
 # Edited test cells are restored by checksum in any case.
 c.OverwriteCells.add_missing_cells = True
+# nbgrader's own list, with OverwriteCells replaced: an untouched hidden-test cell is restored without the
+# "Attribute 'checksum' ... has changed!" warning nbgrader prints for every one (grader/integrations/nbhidden.py).
+c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, RestoreHiddenTests,
+                                      CheckCellMetadata]
 
 # -- generate_feedback: students must never see hidden test code (nbgrader's default feedback shows it,
 # upstream issues #917 and #1363). The test cells print only what grader/render.py allows for hidden checks.
