@@ -38,7 +38,7 @@ c.ClearSolutions.text_stub = "请在这里作答 / YOUR ANSWER HERE"
 c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)\.ipynb$"
 
 # -- autograde
-# The grader ends one run after grader.sandbox.Limits.wall_s (15 s) and grades a notebook in at most two
+# The grader ends one run after grader.processes.sandbox.Limits.wall_s (15 s) and grades a notebook in at most two
 # rounds plus the start of its zygote: a hanging run_worker is over in about 35 s, before this cell
 # timeout, with the grader's own verdict. The timeout only stops code that hangs in the kernel itself
 # (a top-level endless loop); nbgrader then interrupts the kernel and goes on with the next cell.
@@ -53,5 +53,5 @@ c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKern
                                       CheckCellMetadata]
 
 # -- generate_feedback: students must never see hidden test code (nbgrader's default feedback shows it,
-# upstream issues #917 and #1363). The test cells print only what grader/render.py allows for hidden checks.
+# upstream issues #917 and #1363). The test cells print only what grader/feedback/render.py allows for hidden checks.
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
