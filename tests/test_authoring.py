@@ -113,17 +113,30 @@ def test_list_shows_a_broken_exercise_with_its_line_and_the_others():
     assert f"  broken_sum：无法加载：{where}：" in zh.stdout and "是不是 all_reduce？" in zh.stdout
 
 
-@pytest.mark.timeout(120)
-def test_a_broken_exercise_blocks_no_other_and_names_itself_when_chosen():
+@pytest.mark.timeout(240)
+def test_a_broken_exercise_blocks_no_other_and_names_itself_when_chosen(tmp_path):
     env = {"GRADER_EXERCISES": str(COURSE)}
     named = run_cli("check", str(ALICE), "--exercise", "dist_primitives", "--lang", "en", env=env)
     assert named.returncode == 0 and "Score: 40 / 40" in named.stdout, named.stdout + named.stderr
     inferred = run_cli("check", str(ALICE), "--exercises-dir", str(COURSE), "--lang", "en")   # from its functions
     assert inferred.returncode == 0 and "Score: 40 / 40" in inferred.stdout, inferred.stdout + inferred.stderr
+    (tmp_path / "class").mkdir()
+    shutil.copy(ALICE, tmp_path / "class" / "alice.py")
+    batch = run_cli("batch", str(tmp_path / "class"), "--out", str(tmp_path / "out"), "--exercise", "dist_primitives",
+                    "--jobs", "1", "--lang", "en", timeout=110, env=env)   # make grade's command
+    assert batch.returncode == 0 and '"score": 100' in (tmp_path / "out" / "alice.json").read_text(), batch.stderr[-2000:]
     broken = run_cli("check", str(ALICE), "--exercise", "broken_sum", "--exercises-dir", str(COURSE), "--lang", "en")
     where = f"{COURSE / 'broken_sum' / 'exercise.py'}:{marked_line(COURSE / 'broken_sum' / 'exercise.py')}"
     assert broken.returncode == 2
     assert f"The exercise definition {where} cannot be loaded: " in broken.stdout and "did you mean all_reduce?" in broken.stdout
+
+
+def test_a_submission_that_names_only_a_broken_exercise_gets_its_error():
+    source = "def broken_average(rank, world_size):\n    return 0\n"
+    with pytest.raises(registry.ExerciseError) as raised:
+        registry.infer(Path("broken_sum.py"), source, [str(COURSE)])
+    assert raised.value.key == "exercise.broken" and raised.value.params["name"] == "broken_sum"
+    assert registry.infer(Path("answer.py"), ALICE.read_text(encoding="utf-8"), [str(COURSE)]).name == "dist_primitives"
 
 
 @pytest.mark.timeout(120)
