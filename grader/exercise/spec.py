@@ -13,6 +13,10 @@ which defines `EXERCISE = Exercise(...)`:
     forbidden        operations the exercise does not allow (statically and at run time)
     messages         the exercise's own words (zh, en): titles, causes, hints; `cause.forbidden_<op>` says
                      why it does not allow <op> (shown where that op was used)
+    todo             what the stub's NotImplementedError stands for: one (zh, en) sentence, or Todo(...)s
+
+Each declaration is checked when it is made (validate.py): a mistake is a DeclarationError naming the
+file and line of the Check(...), Quantity(...), Todo(...) or Exercise(...) it is about.
 
 Values are plain Python or numpy (the supervisor never imports torch). Functions of (rank, world_size)
 describe data; `diagnose` may add the exercise's own causes for a rank that failed a check (a wrong
@@ -21,7 +25,6 @@ value, an exception, right numbers that did not come through the communication).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -221,7 +224,7 @@ class Exercise:
     todo: tuple = ("", "")                 # what the stub's NotImplementedError asks for: (zh, en) for one
     #                                        TODO, or (Todo(...), ...) for several (the open ones are named)
     diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
-    #                                        context: calls, value, outcome, error (verify/diagnose.exercise_causes)
+    #                                        context: calls, value, outcome, error, returned (docs/exercises.md)
     teach: Callable | None = None          # (run, ctx) -> [(key, params)]: the exercise's own lines in the
     #                                        report's communication section (feedback/teach.exercise_notes)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
@@ -248,7 +251,7 @@ class Exercise:
         for key, pair in (self.messages or {}).items():
             validate.words(f"Exercise.messages[{key!r}]", pair, where)
         if not validate.is_words(self.todo):
-            if isinstance(self.todo, (str, Todo)) or not self.todo or not all(isinstance(t, Todo) for t in self.todo):
+            if isinstance(self.todo, (str, Todo)) or not all(isinstance(t, Todo) for t in self.todo):
                 raise DeclarationError("declare.todo", where, value=repr(self.todo)[:80])
             for todo in self.todo:
                 validate.quantity_named("Todo.quantity", todo.quantity, self.quantities, todo.where)
