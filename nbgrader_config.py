@@ -9,13 +9,15 @@ The course root is the folder holding this file, so the commands work from any d
 import os
 import sys
 
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOutput, DeduplicateIds, GetGrades,
+                                    OverwriteKernelspec)
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.isdir(os.path.join(HERE, "grader")) and HERE not in sys.path:
     sys.path.insert(0, HERE)  # the grader package of this checkout, installed or not
 from grader.integrations.release import STUB  # noqa: E402  (the .py release uses the same stub line)
+from grader.integrations.nbhidden import RestoreHiddenTests  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -36,7 +38,7 @@ c.ClearSolutions.text_stub = "请在这里作答 / YOUR ANSWER HERE"
 c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/_]+)_(?P<file_id>[^/]+)\.ipynb$"
 
 # -- autograde
-# The grader ends one run after grader.sandbox.Limits.wall_s (15 s) and grades a notebook in at most two
+# The grader ends one run after grader.processes.sandbox.Limits.wall_s (15 s) and grades a notebook in at most two
 # rounds plus the start of its zygote: a hanging run_worker is over in about 35 s, before this cell
 # timeout, with the grader's own verdict. The timeout only stops code that hangs in the kernel itself
 # (a top-level endless loop); nbgrader then interrupts the kernel and goes on with the next cell.
@@ -45,7 +47,11 @@ c.Execute.interrupt_on_timeout = True
 # A deleted test cell is put back (from the gradebook) and run: deleting one gains nothing and costs nothing.
 # Edited test cells are restored by checksum in any case.
 c.OverwriteCells.add_missing_cells = True
+# nbgrader's own list, with OverwriteCells replaced: an untouched hidden-test cell is restored without the
+# "Attribute 'checksum' ... has changed!" warning nbgrader prints for every one (grader/integrations/nbhidden.py).
+c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, RestoreHiddenTests,
+                                      CheckCellMetadata]
 
 # -- generate_feedback: students must never see hidden test code (nbgrader's default feedback shows it,
-# upstream issues #917 and #1363). The test cells print only what grader/render.py allows for hidden checks.
+# upstream issues #917 and #1363). The test cells print only what grader/feedback/render.py allows for hidden checks.
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]

@@ -86,8 +86,9 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.summary.append(note)
         return result
     result.checks = score.static_results(exercise, static_checks, report)
-    if report.todo_left and not report.reached:
-        result.summary.append(Note("static.todo", {"entry": exercise.entry, "todo": Words(*exercise.todo)}))
+    todo = score.todo_note(exercise, report)   # issue 20: names only the TODOs still open
+    if todo is not None:
+        result.summary.append(todo)
     result.layers = runner.layer_names()
     judge = Judge(exercise, submission.source)
     runs = plan.run_all(submission, exercise, judge, exercise.world_sizes(runtime_checks), runner, backend=backend,

@@ -120,6 +120,8 @@ def cmd_list(args) -> int:
     for name, ex in sorted(exercises.items()):
         print(render("list.row", {"name": name, "title": ex.title[0] if lang == "zh" else ex.title[1],
                                   "points": ex.total, "visible": ", ".join(map(str, ex.visible_world_sizes)) or "-"}, lang))
+    for name, err in sorted(registry.broken(args.exercises_dir).items()):   # issue 20: listed, with why
+        print(render("list.broken", {**err.params, "name": name}, lang))
     return 0
 
 

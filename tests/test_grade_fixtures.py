@@ -297,7 +297,7 @@ def test_unchanged_stub_scores_zero_with_a_todo_message(grade):
     results, proc = grade(ROOT / "assignments" / "dist_primitives" / "dist_primitives.py", lang="zh")
     assert results["score"] == 0
     assert set(failing(results).values()) == {"todo"}
-    assert "run_worker 仍然抛出 NotImplementedError：请先完成 TODO 1（all_reduce）和 TODO 2（all_gather）。" in results["output"]
+    assert "run_worker 仍然抛出 NotImplementedError：请先完成 TODO 1（all_reduce）、TODO 2（all_gather）。" in results["output"]
     assert render("fail.todo", {"rank": 0}, "zh") in proc.stdout
 
 

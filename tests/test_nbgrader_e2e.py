@@ -172,6 +172,18 @@ print("mp.spawn failed:", failure, log.read().decode(errors="replace")[-400:])
 """
 
 
+def changed_checksums(log: str) -> dict[str, set[str]]:
+    """student -> the cells autograde reported with a changed checksum (it sanitizes one student at a time)."""
+    found: dict[str, set[str]] = {}
+    student = None
+    for line in log.splitlines():
+        if "Sanitizing " in line:
+            student = Path(line.split("Sanitizing ", 1)[1].strip()).parts[-3]
+        elif "Attribute 'checksum' for cell " in line:
+            found.setdefault(student, set()).add(line.split("for cell ", 1)[1].split()[0])
+    return found
+
+
 def tamper(nb) -> None:
     """Dave's tricks against his failing all_reduce cells: edit one (and claim 1000 points), blank one,
     delete one."""
@@ -196,7 +208,11 @@ def test_class_through_zip_collect_autograde_feedback_export(course):
     nbgrader(course, "zip_collect", A)
     for student in EXPECTED:
         assert (course / "submitted" / student / A / f"{A}.ipynb").is_file()
-    nbgrader(course, "autograde", A, timeout=360)
+    log = nbgrader(course, "autograde", A, timeout=360)
+    # An untouched test cell is restored without a tampering alarm, hidden ones included (nbgrader alone
+    # warns "Attribute 'checksum' ... has changed!" for every hidden cell: grader/integrations/nbhidden.py);
+    # dave's edited and blanked cells are still reported.
+    assert changed_checksums(log) == {"dave": {"test_ws2_all_reduce", "test_ws3_all_reduce"}}, log
     nbgrader(course, "generate_feedback", A)
     nbgrader(course, "export")
 

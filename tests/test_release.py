@@ -57,6 +57,20 @@ def test_nbgrader_config_uses_the_release_stub_and_folders():
     # a hanging entry function is ended by the grader (at most two rounds of runs) before nbgrader's cell timeout
     assert config.Execute.timeout >= 2 * Limits.wall_s + 20
     assert config.OverwriteCells.add_missing_cells is True
+    # autograde restores untouched hidden-test cells without nbgrader's false "checksum has changed" alarm
+    from grader.integrations.nbhidden import RestoreHiddenTests
+    assert RestoreHiddenTests in config.Autograde.sanitize_preprocessors
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_a_released_hidden_test_cell_is_its_source_without_the_hidden_region(name):
+    """What RestoreHiddenTests recognises as untouched is what nbgrader released, cell by cell."""
+    from grader.integrations.nbhidden import released
+    release_cells = {nbgrader_meta(c).get("grade_id"): c for c in cells(paths(name)["release_nb"])}
+    hidden = [c for c in cells(paths(name)["solution_nb"]) if "### BEGIN HIDDEN TESTS" in source(c)]
+    assert hidden
+    for cell in hidden:
+        assert released(source(cell)) == source(release_cells[nbgrader_meta(cell)["grade_id"]])
 
 
 @pytest.mark.parametrize("name", EXERCISES)

@@ -46,15 +46,19 @@ def run_worker(rank, world_size):
         drop the padding at the end, as ZeRO implementations (DeepSpeed, FSDP) do.
 
     每一步、每个进程 / Each step, on every rank:
-      TODO 1 (Reduce-Scatter)：dist.reduce_scatter_tensor 把各进程（补齐后的）梯度求和，每个进程只收到
+      TODO 1 (Reduce-Scatter)：dist.reduce_scatter_single 把各进程（补齐后的）梯度求和，每个进程只收到
           自己那一片；再除以 world_size（或用 ReduceOp.AVG）得到平均梯度分片。
-          reduce_scatter_tensor the (padded) gradient: each rank receives the sum of its own shard only;
+          reduce_scatter_single the (padded) gradient: each rank receives the sum of its own shard only;
           divide by world_size (or use ReduceOp.AVG) for the averaged gradient shard.
       TODO 2 (分片更新 / shard update)：只更新自己的动量分片和参数分片：
           momentum = MOMENTUM * momentum + grad_shard；param_shard = param_shard - LR * momentum。
           Update this rank's momentum shard and parameter shard only (the formulas above).
-      TODO 3 (All-Gather)：dist.all_gather_into_tensor 把各进程更新后的参数分片拼成完整参数。
-          all_gather_into_tensor the updated parameter shards into the full parameters.
+      TODO 3 (All-Gather)：dist.all_gather_single 把各进程更新后的参数分片拼成完整参数。
+          all_gather_single the updated parameter shards into the full parameters.
+      （torch 2.13 提示 dist.reduce_scatter_tensor / dist.all_gather_into_tensor 已弃用，推荐用上面的名字；
+      旧名字评分器同样接受。）
+      (torch 2.13 warns that dist.reduce_scatter_tensor / dist.all_gather_into_tensor are deprecated in
+      favour of the names above; the grader accepts the older names too.)
 
     Returns:
         (params, momentum): 两步之后的完整参数，形状 (NUM_PARAMS,)（去掉补齐部分）；本进程的动量分片，
@@ -66,9 +70,9 @@ def run_worker(rank, world_size):
     # params = ???        # 完整参数（补齐）/ the full parameters, padded
     # momentum = ???      # 只有本进程的一片 / this rank's shard only
     # for step in range(1, STEPS + 1):
-    #     TODO 1: dist.reduce_scatter_tensor(...)
+    #     TODO 1: dist.reduce_scatter_single(...)
     #     TODO 2: momentum = ...; param_shard = ...
-    #     TODO 3: dist.all_gather_into_tensor(...)
+    #     TODO 3: dist.all_gather_single(...)
     raise NotImplementedError("请先完成这里的 TODO / complete the TODO here first")
 
 

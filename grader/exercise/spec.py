@@ -13,6 +13,10 @@ which defines `EXERCISE = Exercise(...)`:
     forbidden        operations the exercise does not allow (statically and at run time)
     messages         the exercise's own words (zh, en): titles, causes, hints; `cause.forbidden_<op>` says
                      why it does not allow <op> (shown where that op was used)
+    todo             what the stub's NotImplementedError stands for: one (zh, en) sentence, or Todo(...)s
+
+Each declaration is checked when it is made (validate.py): a mistake is a DeclarationError naming the
+file and line of the Check(...), Quantity(...), Todo(...) or Exercise(...) it is about.
 
 Values are plain Python or numpy (the supervisor never imports torch). Functions of (rank, world_size)
 describe data; `diagnose` may add the exercise's own causes for a rank that failed a check (a wrong
@@ -20,14 +24,23 @@ value, an exception, right numbers that did not come through the communication).
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
 
+from . import validate
+from .validate import DeclarationError
+
 COMBINES = ("mean", "sum", "concat", "root", "own", "custom")
+# Check kinds, and what a check of each kind must set besides id, points and title ("a|b": one of them).
+# The judge decides each kind (verify/judge.py); a new kind is one line here.
+KINDS: dict[str, tuple[str, ...]] = {
+    "static": ("op|forbid",),
+    "value": ("world_size", "quantity"),
+    "uses": ("world_size",),
+    "traffic": ("world_size", "quantity"),
+}
 
 
 class Alternatives(tuple):
@@ -42,7 +55,8 @@ class Alternatives(tuple):
 class Quantity:
     """One value each rank ends with.
 
-    local(rank, ws)    that rank's own data for this quantity (what it must contribute)
+    local(rank, ws)    that rank's own data for this quantity (what it must contribute);
+                       with context=True, local(rank, ws, ctx) (ctx: verify.observe.RunContext)
     combine            how every rank's data make the expected value on each rank:
                        "mean" / "sum" (elementwise over ranks), "concat" (in rank order),
                        "root" (rank `root`'s data everywhere), "own" (each rank's own data: a state
@@ -53,6 +67,7 @@ class Quantity:
     shape(ws)          the expected shape (default: a vector of the expected length)
     provenance         whether the value must be proven to come from what the communication
                        delivered (False: a state the rank keeps, checked for its value only)
+    context            local reads the run (what the rank sent and was delivered): local(rank, ws, ctx)
     """
     name: str
     local: Callable[[int, int], Sequence[float]] | None = None
@@ -63,28 +78,38 @@ class Quantity:
     root: int = 0
     provenance: bool = True
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
+    context: bool = False
+    where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
     _expected: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
+        if self.where is None:
+            object.__setattr__(self, "where", validate.caller())
+        where, name = self.where, self.name
+        if not isinstance(name, str) or not name.isidentifier():
+            raise DeclarationError("declare.name", where, what="Quantity", value=repr(name))
         if self.combine not in COMBINES:
-            raise ValueError(f"{self.name}: combine must be one of {COMBINES}")
+            raise DeclarationError("declare.combine", where, name=name, value=repr(self.combine), known=list(COMBINES))
         if self.combine != "custom" and self.local is None:
-            raise ValueError(f"{self.name}: combine={self.combine!r} needs local(rank, ws)")
+            raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="local")
         if self.combine == "custom" and self.expected is None:
-            raise ValueError(f"{self.name}: combine='custom' needs expected(rank, ws)")
-        if self.combine == "own" and self.provenance and not self.uses_context:
-            raise ValueError(f"{self.name}: combine='own' with provenance needs local(rank, ws, ctx)")
+            raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="expected")
+        if self.combine == "own" and self.provenance and not self.context:
+            raise DeclarationError("declare.own_needs_context", where, name=name)
+        validate.ops(f"Quantity({name!r}).through", self.through, where)
+        args = ("rank", "ws", "ctx") if self.context else ("rank", "ws")
+        for field_name, fn, call in (("local", self.local, args), ("expected", self.expected, ("rank", "ws")),
+                                     ("shape", self.shape, ("ws",))):
+            if fn is not None:
+                validate.signature(name, field_name, fn, call, where)
+        if self.label is not None:
+            validate.words(f"Quantity({name!r}).label", self.label, where)
 
-    @cached_property
+    @property
     def uses_context(self) -> bool:
         """`local(rank, ws, ctx)`: the rank's own data depends on what it received (an optimizer step
-        computed from reduce-scattered gradients, say); ctx is verify.observe.RunContext."""
-        if self.local is None:
-            return False
-        try:
-            return len(inspect.signature(self.local).parameters) >= 3
-        except (TypeError, ValueError):
-            return False
+        computed from reduce-scattered gradients, say): declared with context=True."""
+        return self.context
 
     def local_options(self, rank: int, ws: int, ctx=None) -> list[np.ndarray]:
         """The rank's own data: one array, or several when `local` returns Alternatives (any will do)."""
@@ -145,11 +170,45 @@ class Check:
     op: str | None = None
     forbid: tuple[str, ...] = ()
     params: dict = field(default_factory=dict)
+    where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
+
+    def __post_init__(self):
+        if self.where is None:
+            object.__setattr__(self, "where", validate.caller())
+        where = self.where
+        if not isinstance(self.id, str) or not self.id:
+            raise DeclarationError("declare.name", where, what="Check", value=repr(self.id))
+        if self.kind not in KINDS:
+            raise DeclarationError("declare.unknown_kind", where, id=self.id, kind=repr(self.kind), known=list(KINDS))
+        validate.points(self.id, self.points, where)
+        validate.world_size(self.id, self.world_size, where)
+        validate.words(f"Check({self.id!r}).title", self.title, where)
+        validate.ops(f"Check({self.id!r}).op", self.op, where, single=True)
+        validate.ops(f"Check({self.id!r}).forbid", self.forbid, where)
+        validate.needs(self, KINDS[self.kind])
 
     @property
     def visibility(self) -> str:
         """Gradescope's visibility for this check."""
         return "after_published" if self.hidden else "visible"
+
+
+@dataclass(frozen=True)
+class Todo:
+    """One TODO of the stub: its name (zh, en), e.g. ("TODO 1（all_reduce）", "TODO 1 (all_reduce)"), and
+    what shows it done without a run: `op`, an operation the entry function reaches; or `quantity`, every
+    operation that quantity comes through reached. With neither, it is open as long as the entry function
+    still raises NotImplementedError. The static verdict names the open ones ("complete TODO 2 ... first")."""
+    words: tuple[str, str]
+    op: str | None = None
+    quantity: str | None = None
+    where: tuple[str, int] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.where is None:
+            object.__setattr__(self, "where", validate.caller())
+        validate.words("Todo.words", self.words, self.where)
+        validate.ops("Todo.op", self.op, self.where, single=True)
 
 
 @dataclass(frozen=True)
@@ -162,16 +221,51 @@ class Exercise:
     defines: tuple[str, ...] = ()          # top-level functions a submission of this exercise defines
     forbidden: tuple[str, ...] = ()        # operations not allowed (statically and at run time)
     messages: dict = field(default_factory=dict)   # key -> (zh, en): the exercise's own words
-    todo: tuple[str, str] = ("", "")       # what the stub's NotImplementedError asks for (zh, en)
+    todo: tuple = ("", "")                 # what the stub's NotImplementedError asks for: (zh, en) for one
+    #                                        TODO, or (Todo(...), ...) for several (the open ones are named)
     diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
-    #                                        context: calls, value, outcome, error (verify/diagnose.exercise_causes)
+    #                                        context: calls, value, outcome, error, returned (docs/exercises.md)
     teach: Callable | None = None          # (run, ctx) -> [(key, params)]: the exercise's own lines in the
     #                                        report's communication section (verify/teach.exercise_notes)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
     folder: str = ""                       # where the exercise was loaded from (set by the registry)
+    where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
+
+    def __post_init__(self):
+        if self.where is None:
+            object.__setattr__(self, "where", validate.caller())
+        where = self.where
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise DeclarationError("declare.name", where, what="Exercise", value=repr(self.name))
+        if not isinstance(self.entry, str) or not self.entry.isidentifier():
+            raise DeclarationError("declare.name", where, what="Exercise.entry", value=repr(self.entry))
+        validate.words("Exercise.title", self.title, where)
+        for what, items, kind in (("quantities", self.quantities, Quantity), ("checks", self.checks, Check)):
+            if isinstance(items, (str, kind)) or not all(isinstance(item, kind) for item in items):
+                raise DeclarationError("declare.items", where, what=f"Exercise.{what}", kind=kind.__name__)
+        validate.unique("Quantity", [q.name for q in self.quantities], [q.where for q in self.quantities])
+        validate.unique("Check", [c.id for c in self.checks], [c.where for c in self.checks])
+        for check in self.checks:
+            validate.quantity_named(f"Check({check.id!r}).quantity", check.quantity, self.quantities, check.where)
+        validate.ops("Exercise.forbidden", self.forbidden, where)
+        for key, pair in (self.messages or {}).items():
+            validate.words(f"Exercise.messages[{key!r}]", pair, where)
+        if not validate.is_words(self.todo):
+            if isinstance(self.todo, (str, Todo)) or not all(isinstance(t, Todo) for t in self.todo):
+                raise DeclarationError("declare.todo", where, value=repr(self.todo)[:80])
+            for todo in self.todo:
+                validate.quantity_named("Todo.quantity", todo.quantity, self.quantities, todo.where)
+
+    @property
+    def todos(self) -> tuple[Todo, ...]:
+        """The TODOs declared as data (none when `todo` is a single (zh, en) phrase)."""
+        return () if validate.is_words(self.todo) else tuple(self.todo)
 
     def quantity(self, name: str) -> Quantity:
-        return next(q for q in self.quantities if q.name == name)
+        for quantity in self.quantities:
+            if quantity.name == name:
+                return quantity
+        raise KeyError(f"{self.name}: no quantity {name!r}")
 
     @property
     def total(self) -> float:

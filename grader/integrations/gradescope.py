@@ -113,21 +113,17 @@ def build(out: Path, *, exercise, lang: str = "zh", time_limit: float = 15.0, me
 def run(args) -> int:
     lang = args.lang or default_lang()
     try:
-        exercise = (registry.get(args.exercise, args.exercises_dir) if args.exercise
-                    else _only(registry.available(args.exercises_dir)))
+        if not args.exercise:   # a zip is for one exercise, named: there is no submission to infer it from
+            raise registry.ExerciseError("exercise.name_required", known=sorted(registry.available(args.exercises_dir)))
+        exercise = registry.get(args.exercise, args.exercises_dir)
     except registry.ExerciseError as err:
         print(render(err.key, err.params, lang), file=sys.stderr)
         return 2
     path = build(Path(args.out), exercise=exercise, lang=lang, time_limit=args.time_limit, memory_mb=args.memory_mb,
                  backend=args.backend, tmp_mb=args.tmp_mb)
-    print(f"wrote {path} (upload it as the autograder of a Gradescope programming assignment)", file=sys.stderr)
+    print(render("gradescope.written", {"path": path}, lang), file=sys.stderr)
     return 0
 
-
-def _only(exercises: dict):
-    if len(exercises) == 1:
-        return next(iter(exercises.values()))
-    raise registry.ExerciseError("exercise.ambiguous", known=", ".join(sorted(exercises)))
 
 
 def register(subparsers, add_common_options) -> None:

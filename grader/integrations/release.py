@@ -45,6 +45,12 @@ def release_file(source: Path, target: Path) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--all"]:
         from ..exercise import registry
+        from ..feedback.messages import default_lang, render
+        broken = registry.broken()
+        for err in broken.values():   # an exercise that does not load is never skipped quietly
+            print(render(err.key, err.params, default_lang()), file=sys.stderr)
+        if broken:
+            return 1
         for name, exercise in sorted(registry.available().items()):
             source = Path(exercise.folder) / f"{name}.py"
             if source.is_file():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..exercise.spec import Check, Exercise
+from ..feedback.messages import LANGS, render
 from ..model import CheckResult, Note, Outcome, Words
 from ..submission.static import StaticReport
 from .diagnose import forbidden_words
@@ -28,10 +29,41 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
                 "op": check.op, "entry": exercise.entry, "lines": list(lines)})]))
             continue
         notes = [Note("static.not_called", {"op": check.op, "entry": exercise.entry})]
-        if report.todo_left:
-            notes.append(Note("static.todo", {"entry": exercise.entry, "todo": Words(*exercise.todo)}))
+        todo = todo_note(exercise, report)
+        if todo is not None:
+            notes.append(todo)
         out.append(CheckResult(check, Outcome.TODO if report.todo_left else Outcome.NOT_CALLED, 0, notes))
     return out
+
+
+def todo_note(exercise: Exercise, report: StaticReport) -> Note | None:
+    """While the entry function still raises NotImplementedError: the TODOs still open, by their names
+    (a TODO is done when its operation, or every operation of its quantity, is reached); a single
+    `todo=(zh, en)` as it is written; when every TODO looks done, that the raise line is left."""
+    if not report.todo_left:
+        return None
+    if not exercise.todos:
+        if any(exercise.todo):
+            return Note("static.todo", {"entry": exercise.entry, "todo": Words(*exercise.todo)})
+        return Note("static.todo_raise", {"entry": exercise.entry})
+
+    def done(todo) -> bool:
+        ops = (todo.op,) if todo.op else exercise.quantity(todo.quantity).through if todo.quantity else ()
+        return bool(ops) and all(op in report.reached for op in ops)
+    left = [todo for todo in exercise.todos if not done(todo)]
+    if not left:
+        return Note("static.todo_raise", {"entry": exercise.entry})
+    names = Words(*(_and([todo.words[i] for todo in left], lang) for i, lang in enumerate(LANGS)))
+    todos = Words(*(render("todo.open", {"todos": names}, lang) for lang in LANGS))
+    return Note("static.todo", {"entry": exercise.entry, "todo": todos})
+
+
+def _and(items: list[str], lang: str) -> str:
+    """"a", "a and b", "a, b and c" (zh: 、)."""
+    if len(items) == 1:
+        return items[0]
+    rest = render("list.comma", {}, lang).join(items[:-1])
+    return render("list.and", {"rest": rest, "last": items[-1]}, lang)
 
 
 def blanket(checks, outcome: Outcome, note: Note) -> list[CheckResult]:

@@ -8,7 +8,7 @@ Points (100): static 10 (run_worker reaches all_reduce 5, all_gather 5); for eac
 quantity right on every rank and derived from what the collective delivered, 15: world size 2 is
 visible (students check it themselves), 3 and 4 are hidden until grades are published.
 """
-from grader.exercise import Check, Exercise, Quantity
+from grader.exercise import Check, Exercise, Quantity, Todo
 
 GRADIENT_NUMEL = 1024
 FEATURE_NUMEL = 128
@@ -46,5 +46,6 @@ EXERCISE = Exercise(
         *(c for ws in VISIBLE for c in _runtime(ws, hidden=False)),
         *(c for ws in HIDDEN for c in _runtime(ws, hidden=True)),
     ),
-    todo=("请先完成 TODO 1（all_reduce）和 TODO 2（all_gather）", "complete TODO 1 (all_reduce) and TODO 2 (all_gather) first"),
+    todo=(Todo(("TODO 1（all_reduce）", "TODO 1 (all_reduce)"), op="all_reduce"),
+          Todo(("TODO 2（all_gather）", "TODO 2 (all_gather)"), op="all_gather")),
 )

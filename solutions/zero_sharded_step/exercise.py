@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from grader.comm import OPS
-from grader.exercise import Alternatives, Check, Exercise, Quantity
+from grader.exercise import Alternatives, Check, Exercise, Quantity, Todo
 
 NUM_PARAMS = 1030
 LR = 0.1
@@ -173,9 +173,9 @@ def _own_shard(rank: int, ws: int, ctx):
 
 
 QUANTITIES = (
-    Quantity("params", local=_own_shard, combine="concat", through=("reduce_scatter", "all_gather"),
+    Quantity("params", local=_own_shard, context=True, combine="concat", through=("reduce_scatter", "all_gather"),
              expected=_expected_params, shape=lambda ws: [P], label=("参数 params", "params")),
-    Quantity("momentum", local=_own_momentum, combine="own", through=("reduce_scatter",),
+    Quantity("momentum", local=_own_momentum, context=True, combine="own", through=("reduce_scatter",),
              expected=_expected_momentum, shape=lambda ws: [shard_size(ws)], label=("动量 momentum", "momentum")),
 )
 
@@ -278,9 +278,9 @@ def teach(run, ctx) -> list[tuple[str, dict]]:
 MESSAGES = {
     "cause.forbidden_all_reduce": (
         "原因：{op} 发送的字节数与 reduce_scatter + all_gather 相同，但每个进程都拿到了完整的梯度，显存没有节省。"
-        "请用 dist.reduce_scatter_tensor，让每个进程只收到自己那一片平均梯度。",
+        "请用 dist.reduce_scatter_single，让每个进程只收到自己那一片平均梯度。",
         "Cause: {op} sends as many bytes as reduce_scatter + all_gather, but every rank ends with the whole gradient: "
-        "no memory is saved. Use dist.reduce_scatter_tensor, so that each rank receives only its shard of the averaged gradient."),
+        "no memory is saved. Use dist.reduce_scatter_single, so that each rank receives only its shard of the averaged gradient."),
     "cause.full_momentum": (
         "原因：每个进程都保存了完整的优化器状态（动量有全部参数那么长）：这是 DDP，不是 ZeRO。"
         "每个进程只应保存自己那一片动量（ceil(P / world_size) 个元素）。",
@@ -288,11 +288,11 @@ MESSAGES = {
         "Each rank keeps the momentum of its own shard only (ceil(P / world_size) elements)."),
     "cause.padding": (
         "原因：参数个数不是 world_size 的整数倍时，要先用零把梯度和参数补齐到 shard * world_size 个元素"
-        "（shard = ceil(P / world_size)），最后再去掉补齐的部分；否则 reduce_scatter_tensor / all_gather_into_tensor 的大小对不上，"
+        "（shard = ceil(P / world_size)），最后再去掉补齐的部分；否则 reduce_scatter_single / all_gather_single 的大小对不上，"
         "或者最后几个参数没有更新。",
         "Cause: when the number of parameters is not a multiple of world_size, pad the gradient and the parameters with zeros "
         "to shard * world_size elements (shard = ceil(P / world_size)) and drop the padding at the end; otherwise the sizes "
-        "of reduce_scatter_tensor / all_gather_into_tensor do not match, or the last parameters are never updated."),
+        "of reduce_scatter_single / all_gather_single do not match, or the last parameters are never updated."),
     "cause.padding_not_zero": (
         "原因：动量分片里补齐的部分不是零：请用 torch.zeros（不要用 torch.empty）补齐梯度，补齐部分的动量才会保持为零。",
         "Cause: the padding of the momentum shard is not zero: pad the gradient with torch.zeros (not torch.empty), so "
@@ -367,10 +367,10 @@ EXERCISE = Exercise(
     quantities=QUANTITIES,
     checks=(
         Check("static.reduce_scatter", "static", 5,
-              ("静态检查：run_worker 调用了 dist.reduce_scatter_tensor", "Static: run_worker calls dist.reduce_scatter_tensor"),
+              ("静态检查：run_worker 调用了 dist.reduce_scatter_single", "Static: run_worker calls dist.reduce_scatter_single"),
               op="reduce_scatter"),
         Check("static.all_gather", "static", 5,
-              ("静态检查：run_worker 调用了 dist.all_gather_into_tensor", "Static: run_worker calls dist.all_gather_into_tensor"),
+              ("静态检查：run_worker 调用了 dist.all_gather_single", "Static: run_worker calls dist.all_gather_single"),
               op="all_gather"),
         *(c for ws in VISIBLE for c in _runtime(ws, hidden=False)),
         *(c for ws in HIDDEN for c in _runtime(ws, hidden=True)),
@@ -378,6 +378,7 @@ EXERCISE = Exercise(
     messages=MESSAGES,
     diagnose=diagnose,
     teach=teach,
-    todo=("请先完成 run_worker 里的 TODO（reduce_scatter、分片更新、all_gather）",
-          "complete the TODOs of run_worker first (reduce_scatter, the shard update, all_gather)"),
+    todo=(Todo(("TODO 1（reduce_scatter）", "TODO 1 (reduce_scatter)"), op="reduce_scatter"),
+          Todo(("TODO 2（分片更新）", "TODO 2 (the shard update)")),
+          Todo(("TODO 3（all_gather）", "TODO 3 (all_gather)"), op="all_gather")),
 )

@@ -1,0 +1,141 @@
+"""What a declaration must satisfy, checked when it is made (spec.py's __post_init__ calls these).
+
+Every error is a DeclarationError: a catalog key with its values (feedback/messages.py, zh and en) and
+`where`, the file and line of the declaration it is about: the first frame outside grader/exercise/
+(and outside generated code), which is the instructor's `Check(...)`, `Quantity(...)` or `Exercise(...)`.
+"""
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import os
+import sys
+
+HERE = os.path.dirname(__file__) + os.sep
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+class DeclarationError(ValueError):
+    """A declaration that cannot work; `where` is (file, line) of the declaration."""
+
+    def __init__(self, key: str, where: tuple[str, int] | None = None, **params):
+        super().__init__(key)
+        self.key, self.where, self.params = key, where, params
+
+    def words(self) -> tuple[str, str]:
+        from ..feedback.messages import render
+        return render(self.key, self.params, "zh"), render(self.key, self.params, "en")
+
+    def __str__(self) -> str:
+        place = f"{self.where[0]}:{self.where[1]}: " if self.where else ""
+        return place + self.words()[1]
+
+
+def caller() -> tuple[str, int] | None:
+    """Where the declaration being made was written: the first frame outside this package."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith(HERE) and not name.startswith("<"):
+            return name, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def is_words(value) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, str) for v in value)
+
+
+def words(what: str, value, where) -> None:
+    if not is_words(value):
+        raise DeclarationError("declare.words", where, what=what, value=repr(value)[:80])
+
+
+def _near(name) -> str | None:
+    """The operation an unknown name most likely meant: a public function's (all_gather_into_tensor),
+    the same letters without underscores (allreduce), or a close spelling."""
+    from ..comm import API_NAMES, OPS
+    if not isinstance(name, str):
+        return None
+    if f"torch.distributed.{name}" in API_NAMES:
+        return API_NAMES[f"torch.distributed.{name}"]
+    squashed = {op.replace("_", ""): op for op in OPS}
+    if name.replace("_", "").lower() in squashed:
+        return squashed[name.replace("_", "").lower()]
+    close = difflib.get_close_matches(name, list(OPS), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def ops(what: str, names, where, single: bool = False) -> None:
+    """Operation names (grader.comm.OPS): a tuple of them, or (single) one name or None."""
+    from ..comm import OPS
+    if single:
+        names = () if names is None else (names,)
+    elif isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise DeclarationError("declare.not_tuple", where, what=what, value=repr(names)[:80])
+    for name in names:
+        if name not in OPS:
+            near = _near(name)
+            if near is not None:
+                raise DeclarationError("declare.unknown_op_near", where, what=what, name=repr(name), near=near)
+            raise DeclarationError("declare.unknown_op", where, what=what, name=repr(name), known=list(OPS))
+
+
+def _fits(fn, n: int) -> bool | None:
+    """Whether fn can be called with n positional arguments (None: its signature cannot be read)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in params if p.kind in _POSITIONAL]
+    required = [p for p in positional if p.default is p.empty]
+    varargs = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params)
+    keyword_required = [p for p in params if p.kind == inspect.Parameter.KEYWORD_ONLY and p.default is p.empty]
+    return not keyword_required and len(required) <= n and (varargs or len(positional) >= n)
+
+
+def signature(name: str, field: str, fn, call: tuple[str, ...], where) -> None:
+    """A quantity's function must take exactly the positional arguments it is called with."""
+    if not callable(fn):
+        raise DeclarationError("declare.not_callable", where, name=name, field=field, value=repr(fn)[:80])
+    if _fits(fn, len(call)) is False:
+        sig = inspect.signature(fn)
+        shown = str(sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                                return_annotation=sig.empty))
+        if field == "local" and len(call) == 2 and _fits(fn, 3):
+            raise DeclarationError("declare.local_wants_context", where, name=name, signature=shown)
+        raise DeclarationError("declare.signature", where, name=name, field=field, signature=shown,
+                               call=f"{field}({', '.join(call)})")
+
+
+def world_size(check_id: str, value, where) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise DeclarationError("declare.world_size", where, id=check_id, value=repr(value))
+
+
+def points(check_id: str, value, where) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise DeclarationError("declare.points", where, id=check_id, value=repr(value))
+
+
+def needs(check, requirements: tuple[str, ...]) -> None:
+    """Each requirement names a field the check must set ("op|forbid": one of them)."""
+    for requirement in requirements:
+        if not any(getattr(check, name) for name in requirement.split("|")):
+            raise DeclarationError("declare.needs", check.where, id=check.id, kind=check.kind,
+                                   field=requirement.replace("|", " / "))
+
+
+def unique(what: str, names: list[str], places: list) -> None:
+    seen = set()
+    for name, where in zip(names, places):
+        if name in seen:
+            raise DeclarationError("declare.duplicate", where, what=what, name=name)
+        seen.add(name)
+
+
+def quantity_named(what: str, name, quantities, where) -> None:
+    known = [q.name for q in quantities]
+    if name is not None and name not in known:
+        raise DeclarationError("declare.missing_quantity", where, what=what, name=repr(name), known=known or "-")
