@@ -290,3 +290,43 @@ def test_lines_are_where_the_operation_is_named():
 @pytest.mark.parametrize("path", sorted((ROOT / "tests" / "fixtures" / "honest").glob("*.py")), ids=lambda p: p.stem)
 def test_every_honest_fixture_still_reaches_both_collectives(path):
     assert {"all_reduce", "all_gather"} <= set(static.inspect_source(ast.parse(path.read_text())).reached)
+
+
+# -- an entry function in a file a notebook cell writes (issue 19) ----------------------------------
+
+WORKER = {"dist_worker.py": "import torch.distributed as dist\ndef run_worker(r, w):\n    dist.all_reduce(t)\n"
+                            "def other(r, w):\n    dist.all_gather(l, t)\n",
+          "helpers.py": "import torch.distributed as dist\ndef average(t):\n    dist.all_reduce(t)\n"}
+
+
+@pytest.mark.parametrize("src, origin", [
+    ("from dist_worker import run_worker\n", ("dist_worker.py", "run_worker")),
+    ("from dist_worker import other as run_worker\n", ("dist_worker.py", "other")),
+    ("import dist_worker\nrun_worker = dist_worker.other\n", ("dist_worker.py", "other")),
+    ("import dist_worker\nimport torch.multiprocessing as mp\nmp.spawn(dist_worker.run_worker, nprocs=2)\n",
+     ("dist_worker.py", "run_worker")),
+    ("import dist_worker as w\nmp.spawn(w.run_worker, nprocs=2)\n", ("dist_worker.py", "run_worker")),
+    ("from dist_worker import run_worker\ndef run_worker(r, w):\n    pass\n", None),        # the last binding wins
+    ("import dist_worker\n", None),                                                         # never named
+    ("from elsewhere import run_worker\n", None),                                           # not a written file
+])
+def test_entry_origin(src, origin):
+    assert static.entry_origin(ast.parse(src), "run_worker", WORKER) == origin
+    assert static.entry_origin(ast.parse(src), "run_worker", {}) is None
+
+
+def test_a_notebook_entry_reaches_operations_through_a_written_helper_at_the_calling_line():
+    src = "from helpers import average\nimport helpers\ndef run_worker(r, w):\n    average(t)\n    x = helpers.average\n"
+    report = static.inspect_source(ast.parse(src), files=WORKER)
+    assert report.entry_file is None and report.reached == {"all_reduce": [4]}   # line 5 is a bare reference
+
+
+def test_an_entry_file_that_does_not_parse_leaves_the_error_to_the_ranks():
+    report = static.inspect_source(ast.parse("from dist_worker import run_worker\n"), files={"dist_worker.py": "def run_worker(:\n"})
+    assert report.has_entry and report.entry_file == "dist_worker.py" and report.reached == {}
+
+
+def test_torch_modules_of_written_files_are_preloaded():
+    files = {"w.py": "import torch.distributed._functional_collectives as fc\ndef run_worker(r, n):\n    fc.all_reduce(t, 'sum', g)\n"}
+    report = static.inspect_source(ast.parse("from w import run_worker\n"), files=files)
+    assert report.reached == {"all_reduce": [3]} and "torch._dynamo" in report.torch_modules

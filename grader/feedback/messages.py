@@ -303,6 +303,13 @@ CATALOG: dict[str, tuple[str, str]] = {
                          "Code cell {cell} starts with %%{magic}, which runs the cell in a scope of its own: nothing it defines is kept, so it was left out of grading."),
     "note.magics_unavailable": ("评分环境没有安装 IPython：第 {line} 行的 %{magic} 没有运行，按注释处理。",
                                 "IPython is not installed where this was graded: the %{magic} at line {line} was not run but read as a comment."),
+    # --- notebooks: files the cells write (issue 19)
+    "note.writefile_bad_name": ("第 {cell} 个代码单元格用 %%writefile 写入 {file}：这个文件名不是当前文件夹内的普通相对路径（不能是绝对路径、不能含 ..、不能以点开头、不能含要展开的变量），评分时没有写入这个文件。",
+                                "Code cell {cell} writes {file} with %%writefile: that name is not a plain relative path inside the folder (no absolute path, no .., no leading dot, no variable to expand), so the file was not written when grading."),
+    "note.writefile_too_large": ("第 {cell} 个代码单元格写入的 {file} 超过了 {limit} 字节，评分时没有写入这个文件。",
+                                 "The file {file} that code cell {cell} writes is over {limit} bytes: it was not written when grading."),
+    "note.writefile_too_many": ("第 {cell} 个代码单元格写入的 {file} 超出了可写文件的数量上限（{limit} 个），评分时没有写入这个文件。",
+                                "Code cell {cell} writes {file}, one file more than the {limit} a notebook may write: it was not written when grading."),
     "batch.entry_failed": ("评分 {name} 时出错：{error}", "Grading {name} failed: {error}"),
     # --- class report (issue 13): integrations/classreport.py (terminal, causes.csv) and classpage.py (report.html)
     "classreport.checks": ("各项测试的通过率与常见原因：", "Pass rate and common causes per check:"),
