@@ -151,3 +151,23 @@ def test_a_zygote_started_early_never_outlives_its_command(tmp_path):
                     assert mark.encode() not in fh.read(), (args, pid)
             except OSError:
                 pass
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path, lang, first", [
+    (FIXTURES / "notebooks" / "cells_syntax_error.ipynb", "en", "Syntax error at cell 3, line 4: invalid syntax"),
+    (FIXTURES / "bad" / "b01_syntax_error.py", "zh", "语法错误，第 5 行：expected ':'"),
+    (FIXTURES / "bad" / "b02_no_run_worker.py", "en",
+     "The code defines none of the functions the exercises start from (run_worker). Keep the function's name."),
+    (FIXTURES / "bad" / "b02_no_run_worker.py", "zh", "代码里没有定义任何练习的入口函数（run_worker）。请不要修改函数名。"),
+    (FIXTURES / "bad" / "b03_empty.py", "en", "b03_empty.py is empty: complete the code and submit it."),
+])
+def test_when_the_exercise_cannot_be_told_the_submissions_own_problem_comes_first(path, lang, first):
+    """Three exercises, a file whose name and code name none: its own problem first, then which exercises
+    there are, and no score out of 0 (nothing was graded)."""
+    proc = run_cli("check", str(path), "--lang", lang)
+    assert proc.returncode == 2, proc.stdout + proc.stderr        # a usage error: --exercise is needed
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"== {path.name} ==" and "0 / 0" not in proc.stdout
+    assert lines[1] == first
+    assert lines[2].startswith(("Cannot tell which exercise", "无法判断这份提交属于哪个练习")) and "dist_primitives" in lines[2]

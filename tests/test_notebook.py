@@ -10,7 +10,7 @@ from grader.integrations import nbcheck
 from grader.submission import load, notebook
 from grader.exercise import registry
 from grader.feedback.messages import render
-from grader.model import CheckResult, GradingResult, Note, Outcome
+from grader.model import CellLines, CheckResult, GradingResult, Note, Outcome
 from grader.feedback.render import title
 
 from conftest import FIXTURES, ROOT, run_cli
@@ -183,7 +183,7 @@ def test_cli_check_on_the_release_notebook_says_todo():
     ("bad_json.ipynb", "load.bad_notebook", None),
     ("not_a_notebook.ipynb", "load.bad_notebook", {"error": "no 'cells' list"}),
     ("no_code.ipynb", "load.no_code_cells", {}),
-    ("split_entry.ipynb", "load.split_entry", {"line": 13}),
+    ("split_entry.ipynb", "load.split_entry", {"line": CellLines(((4, 1),))}),   # line 13 of the joined cells
 ])
 def test_cli_gives_corrupt_notebooks_a_message_and_zero(grade, name, key, params):
     results, proc = grade(NB / name, "--exercise", EX, lang="zh")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..model import Words
+from ..model import CellLines, Words
 
 LANGS = ("zh", "en")
 
@@ -39,6 +39,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "static.syntax_error": ("语法错误，第 {line} 行：{message}", "Syntax error at line {line}: {message}"),
     "static.no_entry": ("没有找到函数 {entry}(rank, world_size)。请不要修改函数名。",
                         "No function {entry}(rank, world_size) was found. Keep the function's name."),
+    "static.no_entry_any": ("代码里没有定义任何练习的入口函数（{entries}）。请不要修改函数名。",
+                            "The code defines none of the functions the exercises start from ({entries}). Keep the function's name."),
     "static.called": ("{entry} 用到了 {op}（第 {lines} 行）。", "{entry} reaches {op} (line {lines})."),
     "static.not_called": ("{entry} 没有用到 {op}：只出现在注释、字符串或不会执行的分支里的调用不算。",
                           "{entry} never reaches {op}: calls that only appear in comments, strings or dead branches do not count."),
@@ -234,6 +236,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     # --- structured parameters
     "frame": ("第 {line} 行，{function} 中：{text}", "line {line} in {function}: {text}"),
     "frames.none": ("无", "-"),
+    "where.cell_line": ("第 {cell} 个单元格第 {line} 行", "cell {cell}, line {line}"),     # a notebook's line (feedback/lines.py)
+    "where.cell_lines": ("第 {cell} 个单元格第 {line} 行", "cell {cell}, lines {line}"),
     "calls.rank": ("进程 {rank}：{ops}", "rank {rank}: {ops}"),
     "list.sep": ("；", "; "),
     "list.comma": ("、", ", "),
@@ -242,6 +246,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "summary.exercise": ("练习：{title}", "Exercise: {title}"),
     "summary.score": ("得分：{score:g} / {max_score:g}", "Score: {score:g} / {max_score:g}"),
     "summary.hidden_pending": ("另有 {count} 项隐藏测试，成绩公布后可见。", "{count} hidden checks are shown once grades are published."),
+    "summary.hidden_points": ("另有 {points:g} 分在隐藏测试中：check 只运行可见测试，隐藏测试的结果在成绩公布后可见。",
+                              "{points:g} more points are in hidden checks: check runs the visible checks only, and hidden ones show once grades are published."),
     "summary.grader_failed": ("自动评分器出错，本次成绩记为 0 分，请联系助教。", "The autograder failed; this grade is 0 until a TA looks at it."),
     "summary.layers": ("沙箱：{layers}", "Sandbox: {layers}"),
     "layer.rlimits": ("资源限制（rlimits）", "rlimits"),
@@ -376,6 +382,8 @@ def _word(value, lang: str):
     """A structured parameter in words: bilingual Words, an exception's frames, operations per rank."""
     if isinstance(value, Words):
         return value.zh if lang == "zh" else value.en
+    if isinstance(value, CellLines):
+        return _cell_words(value, lang)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "line" in v and "function" in v for v in value):
         return render("list.sep", {}, lang).join(render("frame", f, lang) for f in value)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "ops" in v for v in value):
@@ -389,9 +397,29 @@ def _word(value, lang: str):
     return value
 
 
+def _cell_words(value: CellLines, lang: str) -> str:
+    """"cell 3, line 29" / "第 3 个单元格第 29 行"; several lines grouped by cell, in their order."""
+    cells: dict[int, list[str]] = {}
+    for cell, line in value.places:
+        cells.setdefault(cell, []).append(str(line))
+    comma = render("list.comma", {}, lang)
+    return render("list.sep", {}, lang).join(
+        render("where.cell_lines" if len(lines) > 1 else "where.cell_line", {"cell": cell, "line": comma.join(lines)}, lang)
+        for cell, lines in cells.items())
+
+
+def _in_cells(template: str, params: dict) -> str:
+    """A template whose line is given in a notebook's cells: "line {line}" / "第 {line} 行" become "{line}",
+    the words of CellLines saying line and cell."""
+    for name, value in params.items():
+        if isinstance(value, CellLines):
+            template = re.sub(r"\b[Ll]ines? (\{%s[:}])|第 ?(\{%s\}) ?行" % (name, name), lambda m: m.group(1) or m.group(2), template)
+    return template
+
+
 def render(key: str, params: dict | None = None, lang: str = "zh") -> str:
     zh, en = CATALOG.get(key, (key, key))
-    template = en if lang == "en" else zh
+    template = _in_cells(en if lang == "en" else zh, params or {})
     values = {k: _word(v, lang) for k, v in (params or {}).items()}
     try:
         return template.format(**values)

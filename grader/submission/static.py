@@ -558,6 +558,19 @@ class Problem(NamedTuple):
     params: dict
 
 
+def own_problem(source: str | None, filename: str, entries: list[str], files: dict | None = None) -> Problem | None:
+    """What is wrong with a submission before any exercise is known: its code does not parse, or defines
+    none of the functions the exercises start from (`entries`). None when neither."""
+    if source is None:
+        return None
+    tree, problem = parse_source(source, filename)
+    if problem is not None:
+        return problem
+    if entries and not any(inspect_source(tree, entry, files).has_entry for entry in entries):
+        return Problem("static.no_entry_any", {"entries": list(entries)})
+    return None
+
+
 def tree_depth(tree: ast.AST) -> int:
     """Nesting depth of an AST, measured without recursion."""
     deepest, stack = 0, [(tree, 1)]
