@@ -87,7 +87,7 @@ def cmd_grade(args) -> int:
         return 0
     if results_path:
         write_results(result, results_path, lang)
-    sys.stdout.write(text_report(result, lang))
+    sys.stdout.write(text_report(result, lang, staff=True))
     if result.grader_error:
         print(result.grader_error, file=sys.stderr)
     return EXIT_USAGE if _unreadable(result) else 0
