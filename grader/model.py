@@ -102,4 +102,4 @@ class GradingResult:
 
     @property
     def all_passed(self) -> bool:
-        return self.grader_error is None and all(c.passed for c in self.checks)
+        return self.grader_error is None and bool(self.checks) and all(c.passed for c in self.checks)   # nothing graded: not passed

@@ -58,3 +58,13 @@ def test_check_names_the_exercise_and_the_hidden_points():
     assert lines[0] == "== dist_primitives.py: Score: 40 / 40 =="
     assert lines[1] == f"Exercise: {EX.title[1]}" and lines[2].startswith("60 more points are in hidden checks")
     assert "Sandbox:" not in proc.stdout or any(k in proc.stdout for k in ("no seccomp", "not applied", "no namespaces"))
+
+
+@pytest.mark.timeout(90)
+def test_check_in_chinese_writes_formulas_with_the_chinese_times_sign():
+    import re
+    proc = run_cli("check", str(ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"), "--lang", "zh")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[1] == f"练习：{EX.title[0]}"
+    assert "环形算法每个进程发送约 4096 字节（2(2-1)/2 × 4096）" in proc.stdout
+    assert not re.search(r"[\dNS)] x [\dNS(]", proc.stdout)
