@@ -83,7 +83,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.checks = score.blanket(checks, Outcome.SYNTAX_ERROR, note)
         result.summary.append(note)
         return result
-    report = static.inspect_source(tree, exercise.entry)
+    report = static.inspect_source(tree, exercise.entry, getattr(submission, "files", None))  # issue 19: %%writefile files
     if not report.has_entry:
         note = Note("static.no_entry", {"entry": exercise.entry})
         result.checks = score.blanket(checks, Outcome.NO_ENTRY, note)

@@ -262,3 +262,15 @@ def test_line_map_of_the_joined_cells():
     assert joined[9] == "    return gradient /" and sub.line_map.source[10] == (3, 4)
     assert sub.line_map.source[4] == (2, 1) and 3 not in sub.line_map.source    # the blank line between cells
     assert load.load(FIXTURES / "honest" / "h01_aliased_imports.py").line_map is None
+
+
+@pytest.mark.timeout(120)
+def test_cli_check_finds_the_entry_in_the_file_a_cell_writes():
+    """The static checks follow `from dist_worker import run_worker` into the %%writefile cells, and name
+    the lines where those cells show them. (That the ranks then import dist_worker is the runner's side:
+    each rank writes Submission.files into its folder.)"""
+    proc = run_cli("check", str(NB / "writefile_worker.ipynb"), "--exercise", EX, "--lang", "en")
+    assert "No function run_worker" not in proc.stdout, proc.stdout
+    assert "[PASS] 5/5  Static: run_worker calls dist.all_reduce\n       run_worker reaches all_reduce (cell 1, line 8)." in proc.stdout
+    assert "run_worker reaches all_gather (cell 2, line 6)." in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
