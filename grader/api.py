@@ -19,6 +19,7 @@ from .verify import score
 from .verify.judge import Judge
 from . import plan
 from .verify.teach import exercise_notes, teaching_notes
+from .feedback import lines
 
 
 def choose_exercise(submission: loader.Submission, name: str | None, extra: list[str] | None = None) -> Exercise:
@@ -47,11 +48,17 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
     try:
         chosen = exercise if isinstance(exercise, Exercise) else choose_exercise(submission, exercise, exercises_dir)
     except registry.ExerciseError as err:
-        # nothing to grade either way: the submission's own problem is the news, else which exercise
-        note = Note(submission.problem.key, submission.problem.params) if submission.problem else Note(err.key, err.params)
-        result = GradingResult(submission.filename, [], summary=[note])
+        # nothing to grade either way: the submission's own problem first (it cannot be read, does not parse,
+        # defines no exercise's entry function), then the exercises to choose from (issue 19)
+        try:
+            entries = sorted({ex.entry for ex in registry.available(exercises_dir).values()})
+        except registry.ExerciseError:
+            entries = []
+        own = submission.problem or static.own_problem(submission.source, submission.filename, entries,
+                                                       getattr(submission, "files", None))
+        result = GradingResult(submission.filename, [], summary=[Note(p.key, p.params) for p in (own,) if p] + [Note(err.key, err.params)])
         result.execution_time = time.monotonic() - started
-        return result
+        return lines.in_cells(result, getattr(submission, "line_map", None))
     checks = list(chosen.selected(include_hidden))
     try:
         result = _grade(submission, chosen, checks, runner, backend, show_output, real_backend)
@@ -59,7 +66,8 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
         result = GradingResult(submission.filename, [CheckResult(c, Outcome.GRADER_ERROR) for c in checks],
                                exercise=chosen.name, grader_error=traceback.format_exc())
     result.execution_time = time.monotonic() - started
-    return result
+    result.exercise_title, result.exercise_total, result.entry = chosen.title, chosen.total, chosen.entry  # issue 19
+    return lines.in_cells(result, getattr(submission, "line_map", None))  # issue 19: a notebook's lines in its cells
 
 
 def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str, show_output: bool,
@@ -79,7 +87,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.checks = score.blanket(checks, Outcome.SYNTAX_ERROR, note)
         result.summary.append(note)
         return result
-    report = static.inspect_source(tree, exercise.entry)
+    report = static.inspect_source(tree, exercise.entry, getattr(submission, "files", None))  # issue 19: %%writefile files
     if not report.has_entry:
         note = Note("static.no_entry", {"entry": exercise.entry})
         result.checks = score.blanket(checks, Outcome.NO_ENTRY, note)

@@ -87,17 +87,18 @@ def cmd_grade(args) -> int:
         return 0
     if results_path:
         write_results(result, results_path, lang)
-    sys.stdout.write(text_report(result, lang))
+    sys.stdout.write(text_report(result, lang, staff=True))
     if result.grader_error:
         print(result.grader_error, file=sys.stderr)
     return EXIT_USAGE if _unreadable(result) else 0
 
 
 def _unreadable(result) -> bool:
-    """The path exists but cannot be read, or names no known exercise: a usage error, though results.json
-    is written."""
-    return any(note.key in ("load.unreadable", "exercise.unknown", "exercise.ambiguous", "exercise.none",
-                            "exercise.broken") for note in result.summary)
+    """The path exists but cannot be read, or names no known exercise (and the submission has no problem of
+    its own, which is then the news): a usage error, though results.json is written."""
+    exercise = ("exercise.unknown", "exercise.ambiguous", "exercise.none", "exercise.broken")
+    return any(note.key == "load.unreadable" for note in result.summary) or \
+        bool(result.summary) and result.summary[0].key in exercise
 
 
 def _exists(path: Path) -> bool:

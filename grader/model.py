@@ -51,6 +51,13 @@ class Words:
 
 
 @dataclass(frozen=True)
+class CellLines:
+    """Lines of a notebook as its reader finds them: (code cell from 1, line in that cell) each. A message
+    parameter (feedback/lines.py puts it where a line of the joined code was): "cell 3, line 29"."""
+    places: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class Note:
     """One message: a catalog key and the values it is formatted with."""
     key: str
@@ -82,6 +89,9 @@ class GradingResult:
     outputs: list[tuple[int, str, int]] = field(default_factory=list)  # visible run: (rank, kept text, total bytes)
     grader_error: str | None = None                       # traceback for staff; the grade is then 0
     runs: list[dict] = field(default_factory=list)        # for staff: how each run ended (never shown to students)
+    exercise_title: tuple[str, str] = ("", "")            # (zh, en), set by api.grade
+    exercise_total: float = 0.0                           # the points of every check, hidden ones included
+    entry: str = ""                                       # the exercise's entry function
 
     @property
     def score(self) -> float:
@@ -93,4 +103,4 @@ class GradingResult:
 
     @property
     def all_passed(self) -> bool:
-        return self.grader_error is None and all(c.passed for c in self.checks)
+        return self.grader_error is None and bool(self.checks) and all(c.passed for c in self.checks)   # nothing graded: not passed

@@ -178,3 +178,25 @@ def test_sigkill_mid_batch_then_resume_grades_only_what_is_missing(tmp_path):
     assert no_temporaries(out)
     rows = read_csv(out / "grades.csv")
     assert list(rows) == names and all(r["total"] == "100" for r in rows.values())
+
+
+@pytest.mark.timeout(90)
+def test_the_summary_table_aligns_wide_and_long_names(tmp_path):
+    """Names in Chinese (two columns a character), with a combining accent, or too long for the column: the
+    totals line up on the terminal, and a long name is cut with an ellipsis."""
+    from grader.integrations.gradebook import width
+    long = "a_very_long_student_name_" * 4
+    names = ["bob", "张三", "李四四五", "Zoe\u0301", long]
+    cls = make_class(tmp_path / "cls", {name: "empty.py" for name in names})
+    proc = run_cli("batch", str(cls), "--out", str(tmp_path / "out"), "--exercise", "dist_primitives", "--jobs", "1",
+                   "--lang", "en")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("student "))
+    table = lines[start:start + 1 + len(names)]
+    before_verdict = {width(line.rsplit("  ", 1)[0]) for line in table}      # name, total: the same columns
+    assert len(before_verdict) == 1, table
+    assert all(line.rsplit("  ", 1)[0].endswith("0") for line in table[1:])
+    shown = [line for line in table if line.startswith("a_very")]
+    assert shown and long not in "\n".join(table) and "..." in shown[0]
+    assert width(shown[0].split(" ")[0]) == batch.NAME_COLUMNS

@@ -89,11 +89,11 @@ def test_figures_of_a_class():
     assert (len(by["static.op"].passed), by["static.op"].count) == (6, 7)          # erin's grading failed
     assert by["ws2.sum"].passed == ["alice"] and sorted(by["ws3.sum"].passed) == sorted(["alice", "frank", classreport.printable(HOSTILE)])
     assert {k: v for k, v in by["ws2.sum"].causes.items()} == {
-        "cause.summed_not_averaged": ["bob", "frank"], "fail.timeout_inside": ["carol"], "summary.grader_failed": ["erin"],
+        "cause.summed_not_averaged": ["bob", "frank"], "fail.timeout_inside": ["carol"],
         "toy.cause.custom": [classreport.printable(HOSTILE)], OTHER: ["dave"]}
+    assert report.whole == {"summary.grader_failed": ["erin"]}          # failed as a whole: once, not per check
     assert list(by["ws2.sum"].causes)[0] == "cause.summed_not_averaged" and list(by["ws2.sum"].causes)[-1] == OTHER
-    assert by["ws3.sum"].causes == {"cause.summed_not_averaged": ["bob"], "summary.grader_failed": ["erin"],
-                                    "why.weights": ["carol"], OTHER: ["dave"]}
+    assert by["ws3.sum"].causes == {"cause.summed_not_averaged": ["bob"], "why.weights": ["carol"], OTHER: ["dave"]}
     top = report.top_causes()
     assert top[0][:3] == ("cause.summed_not_averaged", ["bob", "frank"], ["ws2.sum", "ws3.sum"])   # bob counts once
     assert top[0][3].student == "bob" and top[0][3].text == "Cause: total is world_size times the mean."
@@ -110,7 +110,9 @@ def test_causes_csv_is_sorted_escaped_and_the_same_whatever_the_order():
     table = list(csv.reader(io.StringIO(text)))
     assert table[0] == ["student", "check", "cause", "text"]
     body = table[1:]
-    assert len(body) == sum(len(c.causes[k]) for c in build(rows, TOY, "en").checks for k in c.causes)
+    report = build(rows, TOY, "en")
+    assert len(body) == sum(len(c.causes[k]) for c in report.checks for k in c.causes) + 1
+    assert [r[:3] for r in body if r[0] == "erin"] == [["erin", "*", "summary.grader_failed"]]
     assert [r[:3] for r in body if r[0] == "bob"] == [["bob", "ws2.sum", "cause.summed_not_averaged"],
                                                       ["bob", "ws3.sum", "cause.summed_not_averaged"]]
     assert ["carol", "ws2.sum", "fail.timeout_inside", "Time limit: rank 0 was stuck"] in body
@@ -125,14 +127,17 @@ def test_causes_csv_is_sorted_escaped_and_the_same_whatever_the_order():
 
 
 def test_terminal_names_the_students_per_cause(monkeypatch):
+    monkeypatch.setattr(classreport, "TERMINAL_CAUSES", 2)
     text = terminal(build(toy_class(), TOY, "en"))
+    assert text.index("Submissions that could not be graded") < text.index("  summary.grader_failed: 1 student: ") \
+        < text.index("      students: erin\n") < text.index("static.op (")
     assert "ws2.sum (Sum (2 ranks)): 1/7 passed (14%)" in text
     assert "ws3.sum (Sum (3 ranks)): 3/7 passed (43%)" in text       # hidden checks too, for TAs
     block = text[text.index("ws2.sum ("):text.index("ws3.sum (")]
     assert "  cause.summed_not_averaged: 2 students: Cause: total is world_size times the mean.\n      students: bob, frank\n" in block
     assert "  other (no named cause): 1 student\n      students: dave\n" in block
     assert block.index("cause.summed_not_averaged") < block.index("further causes") < block.index("other (no named")
-    assert "  further causes: 1 (see report.html)" in block            # four named causes, three shown
+    assert "  further causes: 1 (see report.html)" in block            # three named causes, two shown
     monkeypatch.setattr(classreport, "TERMINAL_CAUSES", 10)
     text = terminal(build(toy_class(), TOY, "en"))
     assert "toy.cause.custom: 1 student: =1+1 <b>bold</b> \\x1b[2J" in text and "further causes" not in text
@@ -214,7 +219,8 @@ def test_traffic_section_from_the_students_figures():
 
 
 # -- one real batch: report.html against grades.csv, then in a browser ------------------------------
-NAMES = {"alice": "honest.py", "bob": "summed.py", "carol": "broken.py", "<img src=x onerror=console.error(1)> & 'q'": "summed.py"}
+NAMES = {"alice": "honest.py", "bob": "summed.py", "carol": "broken.py", "<img src=x onerror=console.error(1)> & 'q'": "summed.py",
+         "erin": None}   # None: an empty file
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +229,10 @@ def graded(tmp_path_factory):
     cls = tmp / "cls"
     cls.mkdir()
     for name, fixture in NAMES.items():
-        shutil.copy(FIXTURES / "batch" / fixture, cls / f"{name}.py")
+        if fixture is None:
+            (cls / f"{name}.py").write_text("")
+        else:
+            shutil.copy(FIXTURES / "batch" / fixture, cls / f"{name}.py")
     out = tmp / "out"
     proc = run_cli("batch", str(cls), "--out", str(out), "--exercise", "dist_primitives", "--jobs", "2", "--lang", "en")
     assert proc.returncode == 0, proc.stderr
@@ -265,12 +274,19 @@ def test_batch_report_equals_the_gradebook(graded):
     summed = {(r["student"], r["check"]) for r in causes if r["cause"] == "cause.summed_not_averaged"}
     hostile = next(n for n in NAMES if n.startswith("<img"))
     assert summed == {(n, f"ws{ws}.all_reduce") for n in ("bob", hostile) for ws in (2, 3, 4)}
-    assert {r["cause"] for r in causes if r["student"] == "carol"} == {"static.syntax_error"}
+    # a submission that cannot be graded at all (a syntax error, an empty file) fails every check for one
+    # reason: one row, for every check ("*"), not one per check
+    assert [(r["check"], r["cause"]) for r in causes if r["student"] == "carol"] == [("*", "static.syntax_error")]
+    assert [(r["check"], r["cause"]) for r in causes if r["student"] == "erin"] == [("*", "load.empty")]
     assert not [r for r in causes if r["student"] == "alice"]
-    for r in causes:   # every row is a cause that student's results hold for that check
+    for r in causes:   # every row is a cause that student's results hold for that check (for every check: "*")
         data = json.loads((out / f"{r['student']}.json").read_text(encoding="utf-8")) if "<" not in r["student"] else None
+        checks = [c.id for c in exercise.checks] if r["check"] == "*" else [r["check"]]
         if data and r["cause"] != OTHER:
-            assert r["cause"] in {c["key"] for c in data["extra_data"]["causes"][r["check"]]}
+            assert all(r["cause"] in {c["key"] for c in data["extra_data"]["causes"][check]} for check in checks)
+    assert doc.find("p", id="whole").attrs["data-count"] == "2"
+    assert "Submissions that could not be graded" in proc.stdout and "      students: carol\n" in proc.stdout
+    assert proc.stdout.count("static.syntax_error: 1 student") == 1 and proc.stdout.count("load.empty: 1 student") == 1
     top = doc.find("tr", data_cause="cause.summed_not_averaged")
     assert top.attrs["data-count"] == "2" and "Cause: gradient is world_size times the mean" in top.text()
     # the terminal: the cause, how many, who
@@ -286,7 +302,7 @@ def test_a_resumed_batch_rebuilds_the_same_report(graded):
     (out / "report.html").unlink()
     (out / "causes.csv").write_text("stale")
     again = run_cli("batch", str(cls), "--out", str(out), "--exercise", "dist_primitives", "--lang", "en")
-    assert again.returncode == 0 and "Graded 0, reused 4" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and f"Graded 0, reused {len(NAMES)}" in again.stdout, again.stdout + again.stderr
     assert ((out / "report.html").read_bytes(), (out / "causes.csv").read_bytes()) == before
 
 

@@ -65,7 +65,7 @@ def test_nccl_without_enough_gpus_says_so(tmp_path):
     data = json.loads(results.read_text())
     assert data["score"] == 10  # static checks only
     assert set(outcomes(data)[f"ws{ws}.{op}"] for ws in (2, 3, 4) for op in ("all_reduce", "all_gather")) == {"grader_error"}
-    assert "NCCL needs at least 2 visible GPUs; 0 are visible." in proc.stdout
+    assert "NCCL needs at least 2 visible GPUs; this machine shows 0." in proc.stdout
 
 
 @pytest.mark.timeout(60)
@@ -151,3 +151,32 @@ def test_a_zygote_started_early_never_outlives_its_command(tmp_path):
                     assert mark.encode() not in fh.read(), (args, pid)
             except OSError:
                 pass
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path, lang, first", [
+    (FIXTURES / "notebooks" / "cells_syntax_error.ipynb", "en", "Syntax error at cell 3, line 4: invalid syntax"),
+    (FIXTURES / "bad" / "b01_syntax_error.py", "zh", "语法错误，第 5 行：expected ':'"),
+    (FIXTURES / "bad" / "b02_no_run_worker.py", "en",
+     "The code defines none of the functions the exercises start from (run_worker). Keep the function's name."),
+    (FIXTURES / "bad" / "b02_no_run_worker.py", "zh", "代码里没有定义任何练习的入口函数（run_worker）。请不要修改函数名。"),
+    (FIXTURES / "bad" / "b03_empty.py", "en", "b03_empty.py is empty: complete the code and submit it."),
+])
+def test_when_the_exercise_cannot_be_told_the_submissions_own_problem_comes_first(path, lang, first):
+    """Three exercises, a file whose name and code name none: its own problem first, then which exercises
+    there are, and no score out of 0 (nothing was graded, nothing passed)."""
+    proc = run_cli("check", str(path), "--lang", lang)
+    assert proc.returncode == 1, proc.stdout + proc.stderr        # the submission's problem, not a usage error
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"== {path.name} ==" and "0 / 0" not in proc.stdout
+    assert lines[1] == first
+    assert lines[2].startswith(("Cannot tell which exercise", "无法判断这份提交属于哪个练习")) and "dist_primitives" in lines[2]
+
+
+@pytest.mark.timeout(60)
+def test_a_sound_file_for_no_known_exercise_is_a_usage_error(tmp_path):
+    path = tmp_path / "answer.py"
+    path.write_text("def run_worker(rank, world_size):\n    return None\n\ndef ring_all_reduce(t):\n    return t\n\n"
+                    "def local_gradient(r):\n    return r\n\ndef initial_parameters():\n    return 0\n")
+    proc = run_cli("check", str(path), "--lang", "en", "--exercise", "no_such_exercise")
+    assert proc.returncode == 2 and proc.stdout.splitlines()[1].startswith("There is no exercise called no_such_exercise")

@@ -10,7 +10,7 @@ from grader.integrations import nbcheck
 from grader.submission import load, notebook
 from grader.exercise import registry
 from grader.feedback.messages import render
-from grader.model import CheckResult, GradingResult, Note, Outcome
+from grader.model import CellLines, CheckResult, GradingResult, Note, Outcome
 from grader.feedback.render import title
 
 from conftest import FIXTURES, ROOT, run_cli
@@ -183,11 +183,94 @@ def test_cli_check_on_the_release_notebook_says_todo():
     ("bad_json.ipynb", "load.bad_notebook", None),
     ("not_a_notebook.ipynb", "load.bad_notebook", {"error": "no 'cells' list"}),
     ("no_code.ipynb", "load.no_code_cells", {}),
-    ("split_entry.ipynb", "load.split_entry", {"line": 13}),
+    ("split_entry.ipynb", "load.split_entry", {"line": CellLines(((4, 1),))}),   # line 13 of the joined cells
 ])
 def test_cli_gives_corrupt_notebooks_a_message_and_zero(grade, name, key, params):
     results, proc = grade(NB / name, "--exercise", EX, lang="zh")
     assert results["score"] == 0 and results["extra_data"]["grader_error"] is None
     expected = render(key, params if params is not None else problem_of(name).params, "zh")
     assert expected in results["output"]
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+# -- %%writefile cells and where each line is (issue 19; no processes) ------------------------------
+
+def test_writefile_cells_are_kept_as_the_files_jupyter_writes():
+    sub = load.load(NB / "writefile_worker.ipynb")
+    assert sub.problem is None and sub.notes == ()
+    assert sub.source.startswith("import torch.multiprocessing as mp\nfrom dist_worker import run_worker\n")
+    worker = sub.files["dist_worker.py"]
+    assert list(sub.files) == ["dist_worker.py"] and worker.endswith("return torch.cat(gathered)\n")
+    assert worker.index("def run_worker") < worker.index("def gather_all")          # -a appends
+    compile(worker, "dist_worker.py", "exec")
+    # each line of the file is where the student sees it: the cell that wrote it, below its %%writefile line
+    assert sub.line_map.files["dist_worker.py"][5] == (1, 6) and worker.splitlines()[4].startswith("def run_worker")
+    assert sub.line_map.files["dist_worker.py"][15] == (2, 6) and "dist.all_gather" in worker.splitlines()[14]
+    assert sub.line_map.source[2] == (3, 2) and sub.line_map.entry_files == {"run_worker": "dist_worker.py"}
+
+
+def test_writefile_names_outside_the_folder_are_notes_never_files():
+    sub = load.load(NB / "writefile_bad_names.ipynb")
+    assert sub.problem is None
+    assert sub.files == {"utils/helpers.py": "def helper():\n    return 1\n", "notes.txt": "first\nsecond\n"}
+    assert [(n.key, n.params["cell"]) for n in sub.notes] == [("note.writefile_bad_name", c) for c in range(1, 6)] + [
+        ("note.magic_ignored", 9)]
+    assert [n.params["file"] for n in sub.notes[:5]] == ["/tmp/evil.py", "../up.py", "{name}.py", "'unterminated.py", ".hidden.py"]
+    for n in sub.notes[:5]:
+        assert render(n.key, n.params, "zh") != n.key and "%%writefile" in render(n.key, n.params, "en")
+
+
+@pytest.mark.parametrize("name, safe", [("a.py", "a.py"), ("./pkg/a.py", "pkg/a.py"), ("工具.py", "工具.py"),
+                                        ("/etc/passwd", None), ("a/../../b.py", None), ("~/x.py", None),
+                                        ("a\\b.py", None), ("$x.py", None), ("a\x00.py", None), ("", None), (".", None)])
+def test_safe_names(name, safe):
+    assert notebook.safe_name(name) == safe
+
+
+def test_a_file_over_the_cap_or_one_too_many_is_a_note():
+    def cell(text):
+        return {"cell_type": "code", "source": text}
+    big = "x = 1\n" * (notebook.MAX_FILE_BYTES // 6 + 1)
+    cells = [cell("%%writefile big.py\n" + big), cell("%%writefile small.py\nx = 1")]
+    cells += [cell(f"%%writefile f{i}.py\nx = {i}") for i in range(notebook.MAX_FILES)]
+    cells += [cell("def run_worker(rank, world_size):\n    return None")]
+    code = notebook.read_notebook(json.dumps({"cells": cells}))
+    assert code.problem is None and "big.py" not in code.files and "small.py" in code.files
+    assert len(code.files) == notebook.MAX_FILES
+    assert [n[0] for n in code.notes] == ["note.writefile_too_large", "note.writefile_too_many"]
+    assert code.notes[0][1] == {"cell": 1, "file": "big.py", "limit": notebook.MAX_FILE_BYTES}
+
+
+def test_the_static_check_follows_the_entry_into_the_file_a_cell_writes():
+    import ast
+    from grader.submission import static
+    for name in ("writefile_worker.ipynb", "writefile_module.ipynb"):
+        sub = load.load(NB / name)
+        tree = ast.parse(sub.source)
+        assert not static.inspect_source(tree).has_entry                     # the notebook's code alone
+        report = static.inspect_source(tree, "run_worker", files=sub.files)
+        assert report.has_entry and report.entry_file == "dist_worker.py", name
+        assert "reduce_scatter" not in report.reached                         # writefile_module's unused helper
+    report = static.inspect_source(ast.parse(load.load(NB / "writefile_worker.ipynb").source), files=load.load(
+        NB / "writefile_worker.ipynb").files)
+    assert report.reached == {"all_reduce": [7], "all_gather": [15]}          # lines of dist_worker.py
+
+
+def test_line_map_of_the_joined_cells():
+    sub = load.load(NB / "cells_syntax_error.ipynb")
+    joined = sub.source.splitlines()
+    assert joined[9] == "    return gradient /" and sub.line_map.source[10] == (3, 4)
+    assert sub.line_map.source[4] == (2, 1) and 3 not in sub.line_map.source    # the blank line between cells
+    assert load.load(FIXTURES / "honest" / "h01_aliased_imports.py").line_map is None
+
+
+@pytest.mark.timeout(120)
+def test_cli_check_finds_the_entry_in_the_file_a_cell_writes():
+    """The static checks follow `from dist_worker import run_worker` into the %%writefile cells, and name
+    the lines where those cells show them. (That the ranks then import dist_worker is the runner's side:
+    each rank writes Submission.files into its folder.)"""
+    proc = run_cli("check", str(NB / "writefile_worker.ipynb"), "--exercise", EX, "--lang", "en")
+    assert "No function run_worker" not in proc.stdout, proc.stdout
+    assert "[PASS] 5/5  Static: run_worker calls dist.all_reduce\n       run_worker reaches all_reduce (cell 1, line 8)." in proc.stdout
+    assert "run_worker reaches all_gather (cell 2, line 6)." in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr

@@ -113,12 +113,12 @@ def test_wrong_traffic_keeps_the_value_points_and_names_the_figures(mistakes):
     assert {k: v for k, v in outcomes(gather).items() if v != "pass"} == {
         "ws2.traffic": "wrong", **{f"ws{ws}.{k}": "wrong" for ws in (3, 4, 5) for k in ("ring", "traffic")}}
     texts = {c["key"]: c["text"] for c in gather["extra_data"]["causes"]["ws4.ring"]}
-    assert texts["cause.traffic_gather"] == "Cause: rank 0 received 3 × S from 3 ranks: a gather to one rank, not a ring."
+    assert texts["cause.traffic_gather"] == "Cause: rank 0 received 3 x S from 3 ranks: a gather to one rank, not a ring."
     whole = mistakes["m08_whole_tensor_each_step"]["extra_data"]["causes"]["ws2.traffic"][0]["text"]
-    assert "rank 0 sent the whole tensor at each of its 2 sends (8248 bytes = 2 × S)" in whole and "1 × S" in whole
+    assert "rank 0 sent the whole tensor at each of its 2 sends (8248 bytes = 2 x S)" in whole and "1 x S" in whole
     # hidden checks show what went wrong, never a figure or a world size
     hidden = next(t for t in gather["tests"] if t["name"].startswith("Hidden check 2: Ring all-reduce: a ring"))
-    assert "a gather to one rank, not a ring" in hidden["output"] and "3 × S" not in hidden["output"]
+    assert "a gather to one rank, not a ring" in hidden["output"] and "3 x S" not in hidden["output"]
 
 
 @pytest.mark.timeout(420)

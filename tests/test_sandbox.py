@@ -215,9 +215,10 @@ def test_writes_stay_in_the_working_directory(tmp_path):
         assert not Path(leftover).exists(), leftover
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_report_names_the_layers_and_no_sandbox_still_grades(tmp_path):
-    full = run_cli("check", str(SOLUTION), "--lang", "en", "--tmp-mb", "32")
+    """`grade` (for TAs) names every layer; a student's `check` only when one is missing (tests/test_report.py)."""
+    full = run_cli("grade", str(SOLUTION), "--lang", "en", "--tmp-mb", "32")
     assert full.returncode == 0
     layers = full.stdout.split("Sandbox: ")[-1]
     if os.geteuid() == 0:
@@ -275,11 +276,11 @@ def test_hostile_class_through_batch(tmp_path):
 def test_unprivileged_user_grades_with_the_layers_it_has():
     """As a student on a laptop (not root): no uid change, but user, pid and network namespaces, the new root,
     NO_NEW_PRIVS and seccomp where the kernel allows them; a daemon still dies with its run, and the report
-    lists what applied. tests/tools/as_nobody.py makes this clone reachable for nobody wherever it lives (a
+    (`grade`'s, for TAs) lists what applied. tests/tools/as_nobody.py makes this clone reachable for nobody wherever it lives (a
     mode-700 folder above it included), without changing anything on disk."""
     assert os.geteuid() == 0, "the test makes an unprivileged user with tests/tools/as_nobody.py"
     cmd = [PY, str(ROOT / "tests" / "tools" / "as_nobody.py"),
-           PY, "-m", "grader", "check", str(SANDBOX / "daemon_overwrite.py"), "--lang", "en"]
+           PY, "-m", "grader", "grade", str(SANDBOX / "daemon_overwrite.py"), "--lang", "en"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     out = finish(proc)

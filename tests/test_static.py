@@ -8,6 +8,8 @@ import pytest
 
 from grader.submission import static
 
+from conftest import ROOT
+
 
 def inspect(src: str) -> static.StaticReport:
     return static.inspect_source(ast.parse(textwrap.dedent(src)))
@@ -202,3 +204,129 @@ def test_self_checks_names_code_that_may_stop_on_its_own_values(body, expected):
            "def unused(t):\n    assert t is None\n"
            "def run_worker(r, w):\n" + textwrap.indent(body, "    ") + "\n")
     assert static.inspect_source(ast.parse(src)).self_checks is expected
+
+
+# -- getattr with a name held in a constant (issue 19) ---------------------------------------------
+
+HEAD = "import functools, threading\nimport torch.distributed as dist\n"
+
+
+@pytest.mark.parametrize("src, ops", [
+    ('OPS = {"feat": "all_gather", "grad": "all_reduce"}\ndef run_worker(r, w):\n    getattr(dist, OPS["feat"])(l, t)\n',
+     {"all_gather"}),
+    ('def run_worker(r, w):\n    OPS = {"feat": "all_gather", "grad": "all_reduce"}\n    getattr(dist, OPS["grad"])(t)\n',
+     {"all_reduce"}),
+    ('OPS = {"feat": "all_gather"}\ndef run_worker(r, w):\n    getattr(dist, OPS.get("feat"))(l, t)\n', {"all_gather"}),
+    ('NAME = "all_reduce"\ndef run_worker(r, w):\n    getattr(dist, NAME)(t)\n', {"all_reduce"}),
+    ('def run_worker(r, w):\n    name: str = "reduce_scatter_tensor"\n    op = getattr(dist, name)\n    op(o, t)\n',
+     {"reduce_scatter"}),
+    ('NAMES = ("all_reduce", "all_gather")\ndef run_worker(r, w):\n    for name in NAMES:\n        getattr(dist, name)(t)\n',
+     {"all_reduce", "all_gather"}),
+    ('def run_worker(r, w):\n    getattr(dist, "all_" + "gather")(l, t)\n', {"all_gather"}),
+    ('def run_worker(r, w):\n    getattr(dist.group.WORLD, "allreduce")([t])\n', {"all_reduce"}),
+])
+def test_getattr_with_a_constant_valued_name_reaches_the_operation_it_names(src, ops):
+    assert reached(HEAD + src) == ops
+
+
+@pytest.mark.parametrize("src", [
+    'def run_worker(r, w):\n    getattr(dist, kind)(t)\n',                                  # not a constant
+    'OPS = {"feat": "all_gather"}\ndef run_worker(r, w):\n    getattr(dist, OPS[key])(l, t)\n',  # key not constant
+    'def run_worker(r, w):\n    getattr(dist, "".join(("all", "_reduce")))(t)\n',            # built at run time
+])
+def test_getattr_with_a_name_known_only_at_run_time_names_nothing(src):
+    assert reached(HEAD + src) == set()
+
+
+# -- a reference counts when its value is used (issue 19) ----------------------------------------
+
+@pytest.mark.parametrize("body, ops", [
+    ("f = dist.reduce_scatter_tensor\n    f(o, t)", {"reduce_scatter"}),                       # bound, then called
+    ("f = dist.reduce_scatter_tensor\n    g = f\n    g(o, t)", {"reduce_scatter"}),            # through two names
+    ("list(map(dist.all_reduce, tensors))", {"all_reduce"}),                                 # passed to map
+    ("apply(dist.all_reduce, t)", {"all_reduce"}),                                            # a helper's parameter
+    ("functools.partial(dist.all_gather, l)", {"all_gather"}),                                # passed to partial
+    ("threading.Thread(target=dist.all_reduce, args=(t,))", {"all_reduce"}),                  # passed by keyword
+    ("return dist.all_reduce", {"all_reduce"}),                                               # returned
+    ("return pick()(t)", {"all_reduce"}),                                                     # a helper returns it
+    ("ops = [dist.all_reduce, dist.all_gather]\n    for op in ops:\n        op(t)", {"all_reduce", "all_gather"}),
+    ("for op in (dist.all_reduce,):\n        op(t)", {"all_reduce"}),
+    ("[op(t) for op in (dist.all_reduce,)]", {"all_reduce"}),
+    ("run_all((dist.all_reduce, dist.all_gather))", {"all_reduce", "all_gather"}),            # a container passed on
+    ("table = {'sum': dist.all_reduce, 'cat': dist.all_gather}\n    table['sum'](t)", {"all_reduce"}),
+    ("table = {'sum': dist.all_reduce}\n    table.get('sum')(t)", {"all_reduce"}),
+    ("self.op = dist.all_reduce", {"all_reduce"}),                                            # stored on an object
+    ("(op := dist.all_reduce)(t)", {"all_reduce"}),
+    ("op = dist.all_reduce if r else dist.all_gather\n    op(t)", {"all_reduce", "all_gather"}),
+])
+def test_a_reference_counts_when_its_value_is_used(body, ops):
+    src = HEAD + ("def apply(op, t):\n    op(t)\ndef pick():\n    return dist.all_reduce\n"
+                  "def run_worker(r, w):\n    " + body + "\n")
+    assert reached(src) == ops
+
+
+@pytest.mark.parametrize("body", [
+    "f = dist.reduce_scatter_tensor",                                 # bound to a name never used
+    "f = dist.reduce_scatter_tensor\n    g = f",                      # ... nor is the name it goes on to
+    "dist.reduce_scatter_tensor",                                     # a statement of its own
+    "f = getattr(dist, 'reduce_scatter_tensor')",
+    "ops = [dist.reduce_scatter_tensor]",                             # a container never used
+    "table = {'rs': dist.reduce_scatter_tensor}\n    table['other'](t)",   # read with another key
+    "if dist.reduce_scatter_tensor is not None:\n        pass",        # compared, not called
+    "print(dist.reduce_scatter_tensor.__name__)",                     # an attribute of it is not it
+    "x = dist.group.WORLD._reduce_scatter_base",
+    "f = unused",                                                     # a helper bound to a name never used
+])
+def test_a_bare_reference_does_not_reach_the_operation(body):
+    src = HEAD + "def unused(o, t):\n    dist.reduce_scatter_tensor(o, t)\ndef run_worker(r, w):\n    " + body + "\n"
+    assert "reduce_scatter" not in reached(src)
+
+
+def test_lines_are_where_the_operation_is_named():
+    src = HEAD + "def run_worker(r, w):\n    work = dist.all_reduce(t, async_op=True)\n    work.wait()\n    return t\n"
+    assert inspect(src).reached == {"all_reduce": [4]}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests" / "fixtures" / "honest").glob("*.py")), ids=lambda p: p.stem)
+def test_every_honest_fixture_still_reaches_both_collectives(path):
+    assert {"all_reduce", "all_gather"} <= set(static.inspect_source(ast.parse(path.read_text())).reached)
+
+
+# -- an entry function in a file a notebook cell writes (issue 19) ----------------------------------
+
+WORKER = {"dist_worker.py": "import torch.distributed as dist\ndef run_worker(r, w):\n    dist.all_reduce(t)\n"
+                            "def other(r, w):\n    dist.all_gather(l, t)\n",
+          "helpers.py": "import torch.distributed as dist\ndef average(t):\n    dist.all_reduce(t)\n"}
+
+
+@pytest.mark.parametrize("src, origin", [
+    ("from dist_worker import run_worker\n", ("dist_worker.py", "run_worker")),
+    ("from dist_worker import other as run_worker\n", ("dist_worker.py", "other")),
+    ("import dist_worker\nrun_worker = dist_worker.other\n", ("dist_worker.py", "other")),
+    ("import dist_worker\nimport torch.multiprocessing as mp\nmp.spawn(dist_worker.run_worker, nprocs=2)\n",
+     ("dist_worker.py", "run_worker")),
+    ("import dist_worker as w\nmp.spawn(w.run_worker, nprocs=2)\n", ("dist_worker.py", "run_worker")),
+    ("from dist_worker import run_worker\ndef run_worker(r, w):\n    pass\n", None),        # the last binding wins
+    ("import dist_worker\n", None),                                                         # never named
+    ("from elsewhere import run_worker\n", None),                                           # not a written file
+])
+def test_entry_origin(src, origin):
+    assert static.entry_origin(ast.parse(src), "run_worker", WORKER) == origin
+    assert static.entry_origin(ast.parse(src), "run_worker", {}) is None
+
+
+def test_a_notebook_entry_reaches_operations_through_a_written_helper_at_the_calling_line():
+    src = "from helpers import average\nimport helpers\ndef run_worker(r, w):\n    average(t)\n    x = helpers.average\n"
+    report = static.inspect_source(ast.parse(src), files=WORKER)
+    assert report.entry_file is None and report.reached == {"all_reduce": [4]}   # line 5 is a bare reference
+
+
+def test_an_entry_file_that_does_not_parse_leaves_the_error_to_the_ranks():
+    report = static.inspect_source(ast.parse("from dist_worker import run_worker\n"), files={"dist_worker.py": "def run_worker(:\n"})
+    assert report.has_entry and report.entry_file == "dist_worker.py" and report.reached == {}
+
+
+def test_torch_modules_of_written_files_are_preloaded():
+    files = {"w.py": "import torch.distributed._functional_collectives as fc\ndef run_worker(r, n):\n    fc.all_reduce(t, 'sum', g)\n"}
+    report = static.inspect_source(ast.parse("from w import run_worker\n"), files=files)
+    assert report.reached == {"all_reduce": [3]} and "torch._dynamo" in report.torch_modules

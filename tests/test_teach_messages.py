@@ -134,3 +134,40 @@ def test_default_language_from_lang_else_chinese(monkeypatch, env, lang):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert messages.default_lang() == lang
+
+
+# -- formulas and counts (issue 19) --------------------------------------------------------------
+def test_formulas_are_written_one_way_per_language():
+    """English writes x (as comm.OPS and the exercises do), Chinese × (as its catalog does), in every message."""
+    import re
+    for key, (zh, en) in messages.CATALOG.items():
+        assert "×" not in en and "−" not in en, key
+        assert not re.search(r"[\dNS)] x [\dNS(]", zh) and "−" not in zh, key
+    teach = {"rank": 0, "op": "all_reduce", "ms": 1.0, "size": 4096, "volume": 4096, "formula": "2(2-1)/2 x 4096",
+             "bandwidth": "1 MB/s"}
+    assert "（2(2-1)/2 × 4096）" in messages.render("teach.collective", teach, "zh")
+    assert "(2(2-1)/2 x 4096)" in messages.render("teach.collective", teach, "en")
+    bound = {"rank": 0, "sent": 8, "k": 2, "size": 4, "formula": "2(N-1)/N x S", "bound_k": 1, "bound": 4}
+    assert "上限 2(N-1)/N × S = 1 × S" in messages.render("cause.traffic_bytes", bound, "zh")
+    assert "bound 2(N-1)/N x S = 1 x S" in messages.render("cause.traffic_bytes", bound, "en")
+
+
+@pytest.mark.parametrize("key, params, text", [
+    ("cause.traffic_sends", {"rank": 1, "count": 1, "formula": "2(N-1)", "expected": 2},
+     "Cause: rank 1 sent 1 time; each rank should send 2(N-1) = 2 times."),
+    ("cause.traffic_sends", {"rank": 0, "count": 3, "formula": "2(N-1)", "expected": 1},
+     "Cause: rank 0 sent 3 times; each rank should send 2(N-1) = 1 time."),
+    ("teach.p2p", {"rank": 1, "sends": 1, "sent": 8, "to": ["0"], "recvs": 2, "received": 16, "frm": ["0"]},
+     "  rank 1: 1 send, 8 bytes (to rank 0); 2 receives, 16 bytes (from rank 0)"),
+    ("cause.traffic_peers", {"rank": 1, "to": [0, 2], "frm": [0]},      # rank 1 sends: an id and a verb, unchanged
+     "Cause: rank 1 sends to ranks 0, 2 and receives from ranks 0; in a ring each rank sends to one neighbour only and receives from the other only."),
+    ("classreport.cause", {"key": "cause.x", "count": 1}, "  cause.x: 1 student"),
+    ("batch.mean_median", {"count": 1, "mean": 5.0, "median": 5, "max": 10}, "1 submission: mean 5.0, median 5 (out of 10)"),
+    ("summary.hidden_pending", {"count": 1}, "1 hidden check: shown once grades are published."),
+    ("cause.hardcoded_ws", {"quantity": "g", "k": 1}, "Cause: g is what 1 rank would give, and your code has the constant 1: do not hard-code the world size, use the world_size argument."),
+    ("fail.unobserved_ops", {"rank": 1, "count": 1}, "Rank 1 reached past the grader's process group to the backend inside it (1 operation the grader could not observe)."),
+    ("why.weights", {"rank": 0, "quantity": "g", "element": 1, "source": 1, "weight": 1.0, "expected": 2.0, "missing": [], "twice": []},
+     "  In element 1 of g on rank 0, rank 1's data counts 1 time where it should count 2 (ranks missing: -; counted twice: -)."),
+])
+def test_english_counts_agree_with_their_nouns(key, params, text):
+    assert messages.render(key, params, "en") == text

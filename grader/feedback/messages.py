@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..model import Words
+from ..model import CellLines, Words
 
 LANGS = ("zh", "en")
 
@@ -80,6 +80,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "static.syntax_error": ("语法错误，第 {line} 行：{message}", "Syntax error at line {line}: {message}"),
     "static.no_entry": ("没有找到函数 {entry}(rank, world_size)。请不要修改函数名。",
                         "No function {entry}(rank, world_size) was found. Keep the function's name."),
+    "static.no_entry_any": ("代码里没有定义任何练习的入口函数（{entries}）。请不要修改函数名。",
+                            "The code defines none of the functions the exercises start from ({entries}). Keep the function's name."),
     "static.called": ("{entry} 用到了 {op}（第 {lines} 行）。", "{entry} reaches {op} (line {lines})."),
     "static.not_called": ("{entry} 没有用到 {op}：只出现在注释、字符串或不会执行的分支里的调用不算。",
                           "{entry} never reaches {op}: calls that only appear in comments, strings or dead branches do not count."),
@@ -214,7 +216,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "cause.traffic_none": ("原因：进程 {rank} 没有任何点对点通信（send/recv）。", "Cause: rank {rank} made no point-to-point exchange (send/recv) at all."),
     "cause.traffic_none_generic": ("原因：有进程没有任何点对点通信（send/recv）。", "Cause: a rank made no point-to-point exchange (send/recv) at all."),
     "cause.traffic_gather": ("原因：进程 {rank} 从 {m} 个进程收到了 {k} × S 的数据：这是把数据汇集到一个进程（gather），不是环。",
-                             "Cause: rank {rank} received {k} × S from {m} ranks: a gather to one rank, not a ring."),
+                             "Cause: rank {rank} received {k} x S from {m} ranks: a gather to one rank, not a ring."),
     "cause.traffic_gather_generic": ("原因：有一个进程收到了其他所有进程的数据：这是把数据汇集到一个进程（gather），不是环。",
                                      "Cause: one rank received the data of every other rank: a gather to one rank, not a ring."),
     "cause.traffic_peers": ("原因：进程 {rank} 发给进程 {to}、从进程 {frm} 接收；环中每个进程只发给一个邻居、只从另一个邻居接收。",
@@ -237,7 +239,7 @@ CATALOG: dict[str, tuple[str, str]] = {
                             "Cause: rank {rank} sent {count} times; each rank should send {formula} = {expected} times."),
     "cause.traffic_sends_generic": ("原因：每个进程的发送次数不是 {formula}。", "Cause: the number of sends per rank is not {formula}."),
     "cause.traffic_bytes": ("原因：进程 {rank} 发送了 {sent} 个元素 = {k} × S（S = {size} 个元素），超过环形上限 {formula} = {bound_k} × S（{bound} 个元素，含不等分块的取整）。",
-                            "Cause: rank {rank} sent {sent} elements = {k} × S (S = {size} elements), over the ring bound {formula} = {bound_k} × S ({bound} elements, rounding of uneven chunks included)."),
+                            "Cause: rank {rank} sent {sent} elements = {k} x S (S = {size} elements), over the ring bound {formula} = {bound_k} x S ({bound} elements, rounding of uneven chunks included)."),
     "cause.traffic_chunk": ("原因：进程 {rank} 有一次发送了 {largest} 个元素，超过一块的大小 ceil(S/N) = {chunk}：环形算法每一步只发送一块。",
                             "Cause: rank {rank} sent {largest} elements in one send, more than one chunk, ceil(S/N) = {chunk}: each step of a ring sends one chunk."),
     "cause.traffic_chunk_generic": ("原因：有一次发送超过了一块的大小 ceil(S/N)：环形算法每一步只发送一块。",
@@ -249,7 +251,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "cause.traffic_bytes_generic": ("原因：有进程发送的数据超过环形上限 {formula}（含不等分块的取整）。",
                                     "Cause: a rank sent more than the ring bound {formula} (rounding of uneven chunks included)."),
     "cause.traffic_whole": ("原因：进程 {rank} 的 {count} 次发送每次都发了整个张量（共 {sent} 个元素 = {k} × S）：每一步只应发送一块（约 S/N），上限 {formula} = {bound_k} × S。",
-                            "Cause: rank {rank} sent the whole tensor at each of its {count} sends ({sent} elements = {k} × S): each step sends one chunk (about S/N), bound {formula} = {bound_k} × S."),
+                            "Cause: rank {rank} sent the whole tensor at each of its {count} sends ({sent} elements = {k} x S): each step sends one chunk (about S/N), bound {formula} = {bound_k} x S."),
     "cause.traffic_whole_generic": ("原因：每一步都发送了整个张量：每一步只应发送一块（约 S/N），上限 {formula}。",
                                     "Cause: the whole tensor was sent at every step: each step sends one chunk (about S/N), bound {formula}."),
     "detail.traffic": ("  进程 {rank}：发送 {sends} 次共 {sent} 个元素（{sent_bytes} 字节，给进程 {to}），接收 {recvs} 次共 {received} 个元素（{received_bytes} 字节，来自进程 {frm}）",
@@ -296,6 +298,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     # --- structured parameters
     "frame": ("第 {line} 行，{function} 中：{text}", "line {line} in {function}: {text}"),
     "frames.none": ("无", "-"),
+    "where.cell_line": ("第 {cell} 个单元格第 {line} 行", "cell {cell}, line {line}"),     # a notebook's line (feedback/lines.py)
+    "where.cell_lines": ("第 {cell} 个单元格第 {line} 行", "cell {cell}, lines {line}"),
     "calls.rank": ("进程 {rank}：{ops}", "rank {rank}: {ops}"),
     "list.sep": ("；", "; "),
     "list.comma": ("、", ", "),
@@ -303,7 +307,9 @@ CATALOG: dict[str, tuple[str, str]] = {
     # --- report
     "summary.exercise": ("练习：{title}", "Exercise: {title}"),
     "summary.score": ("得分：{score:g} / {max_score:g}", "Score: {score:g} / {max_score:g}"),
-    "summary.hidden_pending": ("另有 {count} 项隐藏测试，成绩公布后可见。", "{count} hidden checks are shown once grades are published."),
+    "summary.hidden_pending": ("另有 {count} 项隐藏测试，成绩公布后可见。", "{count} hidden checks: shown once grades are published."),
+    "summary.hidden_points": ("另有 {points:g} 分在隐藏测试中：check 只运行可见测试，隐藏测试的结果在成绩公布后可见。",
+                              "{points:g} more points are in hidden checks: check runs the visible checks only, and hidden ones show once grades are published."),
     "summary.grader_failed": ("自动评分器出错，本次成绩记为 0 分，请联系助教。", "The autograder failed; this grade is 0 until a TA looks at it."),
     "summary.layers": ("沙箱：{layers}", "Sandbox: {layers}"),
     "layer.rlimits": ("资源限制（rlimits）", "rlimits"),
@@ -334,7 +340,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "batch.histogram": ("总分分布：", "Totals:"),
     "batch.done": ("本次评分 {graded} 份，沿用已有结果 {reused} 份，清理临时文件 {swept} 个，用时 {seconds:.1f} 秒。成绩表：{csv}",
                    "Graded {graded}, reused {reused} up-to-date results, swept {swept} temporary files, in {seconds:.1f} s. Gradebook: {csv}"),
-    "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; {gpus} are visible."),
+    "backend.nccl_unavailable": ("NCCL 需要至少 {ws} 张可见的 GPU，当前只有 {gpus} 张。", "NCCL needs at least {ws} visible GPUs; this machine shows {gpus}."),
     # --- bench (integrations/bench.py)
     "bench.header": ("{function} 与 dist.{baseline} 的计时：普通 gloo 进程组（不经过评分器的观测层，不计观测开销）；algbw = S/t，busbw = algbw × 2(N-1)/N（nccl-tests 的定义）",
                      "{function} against dist.{baseline}, timed on a plain gloo process group (not through the grader's observed backend: no observation cost); algbw = S/t, busbw = algbw x 2(N-1)/N (the nccl-tests definitions)"),
@@ -369,8 +375,19 @@ CATALOG: dict[str, tuple[str, str]] = {
                          "Code cell {cell} starts with %%{magic}, which runs the cell in a scope of its own: nothing it defines is kept, so it was left out of grading."),
     "note.magics_unavailable": ("评分环境没有安装 IPython：第 {line} 行的 %{magic} 没有运行，按注释处理。",
                                 "IPython is not installed where this was graded: the %{magic} at line {line} was not run but read as a comment."),
+    # --- notebooks: files the cells write (issue 19)
+    "note.writefile_bad_name": ("第 {cell} 个代码单元格用 %%writefile 写入 {file}：这个文件名不是当前文件夹内的普通相对路径（不能是绝对路径、不能含 ..、不能以点开头、不能含要展开的变量），评分时没有写入这个文件。",
+                                "Code cell {cell} writes {file} with %%writefile: that name is not a plain relative path inside the folder (no absolute path, no .., no leading dot, no variable to expand), so the file was not written when grading."),
+    "note.writefile_too_large": ("第 {cell} 个代码单元格写入的 {file} 超过了 {limit} 字节，评分时没有写入这个文件。",
+                                 "The file {file} that code cell {cell} writes is over {limit} bytes: it was not written when grading."),
+    "note.writefile_too_many": ("第 {cell} 个代码单元格写入的 {file} 超出了可写文件的数量上限（{limit} 个），评分时没有写入这个文件。",
+                                "Code cell {cell} writes {file}, one file more than the {limit} a notebook may write: it was not written when grading."),
     "batch.entry_failed": ("评分 {name} 时出错：{error}", "Grading {name} failed: {error}"),
     # --- class report (issue 13): integrations/classreport.py (terminal, causes.csv) and classpage.py (report.html)
+    "classreport.whole": ("无法评分的提交（每项测试都不通过，每名学生只算一次）：", "Submissions that could not be graded (they fail every check; each student counts once):"),
+    "classreport.every_check": ("所有测试", "every check"),
+    "classreport.whole_note": ("{count} 份提交无法评分，每项测试都不通过；它们的原因在“常见原因”中只算一次。",
+                               "{count} submissions could not be graded and fail every check; their causes count once each under Most common causes."),
     "classreport.checks": ("各项测试的通过率与常见原因：", "Pass rate and common causes per check:"),
     "classreport.check": ("{check}（{title}）：通过 {passed}/{count}（{rate:.0f}%）", "{check} ({title}): {passed}/{count} passed ({rate:.0f}%)"),
     "classreport.cause": ("  {key}：{count} 名学生", "  {key}: {count} students"),
@@ -404,8 +421,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "classreport.traffic": ("通信量与环形算法的界", "Traffic against the ring bound"),
     "classreport.traffic_check": ("{check}（{ws} 个进程）：{within} 人在界内，{over} 人超出。",
                                   "{check} ({ws} ranks): {within} within the bound, {over} over it."),
-    "classreport.traffic_note": ("柱长是单个进程发送的最多字节数与环形算法的界 2(N−1)/N × S 之比；竖线是界。",
-                                 "Each bar is the most bytes one rank sent, over the ring bound 2(N−1)/N × S; the line is the bound."),
+    "classreport.traffic_note": ("柱长是单个进程发送的最多字节数与环形算法的界 2(N-1)/N × S 之比；竖线是界。",
+                                 "Each bar is the most bytes one rank sent, over the ring bound 2(N-1)/N x S; the line is the bound."),
     "classreport.col_size": ("S（字节）", "S (bytes)"),
     "classreport.col_sent": ("单个进程最多发送（字节）", "Most sent by one rank (bytes)"),
     "classreport.col_bound": ("界（字节）", "Bound (bytes)"),
@@ -435,6 +452,8 @@ def _word(value, lang: str):
     """A structured parameter in words: bilingual Words, an exception's frames, operations per rank."""
     if isinstance(value, Words):
         return value.zh if lang == "zh" else value.en
+    if isinstance(value, CellLines):
+        return _cell_words(value, lang)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "line" in v and "function" in v for v in value):
         return render("list.sep", {}, lang).join(render("frame", f, lang) for f in value)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, dict) and "ops" in v for v in value):
@@ -448,10 +467,58 @@ def _word(value, lang: str):
     return value
 
 
+def _cell_words(value: CellLines, lang: str) -> str:
+    """"cell 3, line 29" / "第 3 个单元格第 29 行"; several lines grouped by cell, in their order."""
+    cells: dict[int, list[str]] = {}
+    for cell, line in value.places:
+        cells.setdefault(cell, []).append(str(line))
+    comma = render("list.comma", {}, lang)
+    return render("list.sep", {}, lang).join(
+        render("where.cell_lines" if len(lines) > 1 else "where.cell_line", {"cell": cell, "line": comma.join(lines)}, lang)
+        for cell, lines in cells.items())
+
+
+def _in_cells(template: str, params: dict) -> str:
+    """A template whose line is given in a notebook's cells: "line {line}" / "第 {line} 行" become "{line}",
+    the words of CellLines saying line and cell."""
+    for name, value in params.items():
+        if isinstance(value, CellLines):
+            template = re.sub(r"\b[Ll]ines? (\{%s[:}])|第 ?(\{%s\}) ?行" % (name, name), lambda m: m.group(1) or m.group(2), template)
+    return template
+
+
+# Formulas (comm.OPS, an exercise's traffic params) are written "2(N-1)/N x S": English keeps x, Chinese
+# shows × (as its catalog writes them).
+FORMULA_PARAMS = ("formula", "vformula", "sformula")
+# English: after a count of 1, the noun it counts is singular ("1 send", "sent 1 time"). Not after an id
+# ("rank 1 sends to rank 2": a verb).
+SINGULAR = {"times": "time", "sends": "send", "receives": "receive", "ranks": "rank", "students": "student",
+            "submissions": "submission", "points": "point", "operations": "operation", "checks": "check",
+            "bytes": "byte", "elements": "element", "temporary files": "temporary file",
+            "up-to-date results": "up-to-date result", "GPUs": "GPU", "files": "file", "more points": "more point",
+            "hidden checks": "hidden check"}
+NOT_COUNTS = {"rank", "peer", "other", "source", "to", "frm", "n", "element", "line", "cell", "ws_id"}
+
+
+def _agree(template: str, values: dict) -> str:
+    """English: the nouns counted by a value of 1 in the singular (see SINGULAR)."""
+    def fix(match):
+        name, noun = match.group(1), match.group(3)
+        value = values.get(name)
+        one = isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1
+        return match.group(0)[:-len(noun)] + SINGULAR[noun] if one and name not in NOT_COUNTS else match.group(0)
+    nouns = "|".join(re.escape(n) for n in sorted(SINGULAR, key=len, reverse=True))
+    return re.sub(r"\{(\w+)(:[^}]*)?\} (%s)\b" % nouns, fix, template)
+
+
 def render(key: str, params: dict | None = None, lang: str = "zh") -> str:
     zh, en = CATALOG.get(key, (key, key))
-    template = en if lang == "en" else zh
+    template = _in_cells(en if lang == "en" else zh, params or {})
+    if lang == "en":
+        template = _agree(template, params or {})
     values = {k: _word(v, lang) for k, v in (params or {}).items()}
+    if lang != "en":
+        values.update({k: v.replace(" x ", " × ") for k, v in values.items() if k in FORMULA_PARAMS and isinstance(v, str)})
     try:
         return template.format(**values)
     except (KeyError, IndexError, ValueError):

@@ -21,7 +21,8 @@ def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
         "output": "\n".join(check_lines(check, lang)),
         "visibility": check.spec.visibility,
     } for check in result.checks]
-    summary = [render("summary.score", {"score": result.score, "max_score": result.max_score}, lang)]
+    graded = bool(result.checks or result.exercise)   # else no exercise could be told: no score out of 0
+    summary = [render("summary.score", {"score": result.score, "max_score": result.max_score}, lang)] if graded else []
     summary += [note(n, lang) for n in result.summary]
     if result.grader_error:
         summary.insert(0, render("summary.grader_failed", {}, lang))

@@ -48,7 +48,7 @@ from ..model import CheckResult, GradingResult, Note, Outcome
 from ..processes import launch
 from ..processes.sandbox import default_total_mb
 from . import classreport
-from .gradebook import gradebook, number, printable, sorted_rows, verdict
+from .gradebook import fit, gradebook, number, printable, sorted_rows, verdict, width
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_ATTEMPTS = 2                 # a student whose worker dies is graded once more, in a fresh worker
@@ -68,6 +68,7 @@ class Student:
 
 SAFE_NAME = re.compile(r"[\w][\w.\-]*")
 MAX_RESULT_NAME = 120  # bytes of a results file's name; any legal entry name (up to 255 bytes) fits
+NAME_COLUMNS = 32      # the widest student name the terminal summary shows whole
 
 
 def results_name(student: str) -> str:
@@ -463,8 +464,11 @@ def summary(rows: list[tuple[str, dict]], lang: str, exercise) -> str:
     verdicts: dict[str, int] = {}
     for _, d in rows:
         verdicts[verdict(d, exercise)] = verdicts.get(verdict(d, exercise), 0) + 1
-    lines = [f"{'student':<24} {'total':>6}  verdict"]
-    lines += [f"{printable(name):<24} {number(d.get('score', 0)):>6}  {verdict(d, exercise)}" for name, d in sorted_rows(rows)]
+    names = [printable(name) for name, _ in sorted_rows(rows)]
+    column = min(NAME_COLUMNS, max([width(n) for n in names] + [len("student")]))   # display columns (CJK: 2 each)
+    lines = [f"{fit('student', column)} {'total':>6}  verdict"]
+    lines += [f"{fit(shown, column)} {number(d.get('score', 0)):>6}  {verdict(d, exercise)}"
+              for shown, (_, d) in zip(names, sorted_rows(rows))]
     lines.append("")
     lines.append(render("batch.verdicts", {}, lang) + "  " + ", ".join(f"{v}: {n}" for v, n in sorted(verdicts.items(), key=lambda kv: (-kv[1], kv[0]))))
     if totals:
@@ -510,7 +514,7 @@ class Progress:
         if self.tty:
             width = 30
             bar = "#" * (width * self.done // self.total)
-            self.stream.write(f"\r[{bar:<{width}}] {self.done}/{self.total} {pct:3d}%  ETA {self.eta()}  {self.current[:20]:<20}")
+            self.stream.write(f"\r[{bar:<{width}}] {self.done}/{self.total} {pct:3d}%  ETA {self.eta()}  {fit(self.current, 20)}")
             if self.done == self.total:
                 self.stream.write("\n")
         elif force and (self.done == self.total or pct >= self.last_pct + 10 or time.monotonic() - self.last_line > 10):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 
 from ..feedback.messages import render
-from .classreport import OTHER, ClassReport, cause_words, mean_median, printable
+from .classreport import OTHER, ClassReport, cause_words, check_words, mean_median, printable
 
 WHO_SHOWN = 12     # a cause's students are listed up to this many; more are folded away (<details>)
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -129,7 +129,10 @@ def checks_section(report: ClassReport, t) -> str:
                     f'<div class="track"><div class="fill" style="width:{c.rate:.1f}%"></div></div>'
                     f'<div class="rate">{t("classreport.rate", passed=len(c.passed), count=c.count, rate=c.rate)}</div>'
                     + (f'<ul class="why">{why}</ul>' if why else "") + "</div>")
-    return f'<section id="checks"><h2>{t("classreport.pass_rates")}</h2>{"".join(rows)}</section>'
+    whole = sorted({s for names in report.whole.values() for s in names})
+    note = (f'<p class="note" id="whole" data-count="{len(whole)}">{t("classreport.whole_note", count=len(whole))}</p>'
+            if whole else "")
+    return f'<section id="checks"><h2>{t("classreport.pass_rates")}</h2>{"".join(rows)}{note}</section>'
 
 
 def causes_section(report: ClassReport, t) -> str:
@@ -140,9 +143,9 @@ def causes_section(report: ClassReport, t) -> str:
     rows = []
     for key, students, checks, ex in top:
         example = "" if key == OTHER and not ex.text else (
-            f'<blockquote>{esc(ex.text)}</blockquote><span class="note">{t("classreport.example", student=ex.student, check=ex.check)}</span>')
+            f'<blockquote>{esc(ex.text)}</blockquote><span class="note">{t("classreport.example", student=ex.student, check=check_words(ex.check, report.lang))}</span>')
         rows.append(f'<tr class="cause" data-cause="{esc(key)}" data-count="{len(students)}"><td class="num">{len(students)}</td>'
-                    f'<td><code>{esc(cause_words(key, report.lang))}</code></td><td>{comma.join(esc(c) for c in checks)}</td>'
+                    f'<td><code>{esc(cause_words(key, report.lang))}</code></td><td>{comma.join(esc(check_words(c, report.lang)) for c in checks)}</td>'
                     f'<td>{example}</td><td>{who(students, comma)}</td></tr>')
     head = "".join(f"<th{cls}>{t(k)}</th>" for k, cls in (("classreport.col_count", ' class="num"'), ("classreport.col_cause", ""),
                                                            ("classreport.col_checks", ""), ("classreport.col_example", ""),

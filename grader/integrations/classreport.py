@@ -37,6 +37,8 @@ from .gradebook import cell, printable, verdict
 
 OTHER = "other"
 GRADER_FAILED = "summary.grader_failed"
+WHOLE = "*"              # the check of a cause that stopped the whole submission (causes.csv)
+BLANKET = ("not_submitted", "syntax_error", "no_entry", "no_exercise")   # outcomes of nothing that could be graded
 NOT_ABOUT_THE_CODE = ("fail.stopped", "fail.grader", "fail.grader_run")
 TERMINAL_CAUSES = 3      # named causes shown per check on the terminal (then "other")
 TERMINAL_NAMES = 10      # students named per cause on the terminal (all of them: causes.csv, report.html)
@@ -124,6 +126,7 @@ class ClassReport:
     causes: list[Cause]          # sorted: student, check (rubric order), key
     bins: list[Bin]
     traffic: list[Traffic]
+    whole: dict[str, list[str]] = field(default_factory=dict)   # key -> students it stopped entirely, most first
 
     def top_causes(self) -> list[tuple[str, list[str], list[str], Cause]]:
         """(key, students, checks, an example) for every cause in the class, most students first; OTHER last."""
@@ -225,14 +228,24 @@ def build(rows: list[tuple[str, dict]], exercise, lang: str) -> ClassReport:
 
     checks = [CheckFigures(c.id, check_title(c, lang), c.points, c.hidden) for c in exercise.checks]
     order = {c.id: i for i, c in enumerate(exercise.checks)}
-    students, causes, traffic = [], [], []
+    students, causes, traffic, whole = [], [], [], {}
     for name, data in sorted(rows, key=lambda row: os.fsencode(row[0])):
         name = printable(name)
         extra = _dict(data.get("extra_data"))
         outcomes, recorded = _dict(extra.get("outcomes")), _dict(extra.get("causes"))
         failed_grading = bool(extra.get("grader_error"))
         mine = []
-        for check, spec in zip(checks, exercise.checks):
+        if failed_grading or (outcomes and all(outcomes.get(spec.id) in BLANKET for spec in exercise.checks)):
+            first = exercise.checks[0].id if exercise.checks else ""
+            found = ([(GRADER_FAILED, render(GRADER_FAILED, {}, lang))] if failed_grading
+                     else named_causes(_list(recorded.get(first)), outcomes.get(first), lang))
+            for key, text in found:
+                causes.append(Cause(name, WHOLE, printable(key), text))
+                whole.setdefault(printable(key), []).append(name)
+                mine.append(printable(key))
+            for check in checks:
+                check.failed.append(name)
+        for check, spec in zip(checks, exercise.checks) if not mine else ():
             outcome = outcomes.get(spec.id)
             if outcome == "pass" and not failed_grading:
                 check.passed.append(name)
@@ -252,9 +265,10 @@ def build(rows: list[tuple[str, dict]], exercise, lang: str) -> ClassReport:
         traffic += traffic_of(name, extra)
     for check in checks:
         check.causes = dict(sorted(check.causes.items(), key=lambda kv: (kv[0] == OTHER, -len(kv[1]), kv[0])))
-    causes.sort(key=lambda c: (os.fsencode(c.student), order.get(c.check, len(order)), c.key))
+    causes.sort(key=lambda c: (os.fsencode(c.student), order.get(c.check, -1), c.key))
+    whole = dict(sorted(whole.items(), key=lambda kv: (-len(kv[1]), kv[0])))
     return ClassReport(exercise.name, words(exercise.title, lang), lang, exercise.total, students, checks, causes,
-                       histogram([s.score for s in students], exercise.total), traffic)
+                       histogram([s.score for s in students], exercise.total), traffic, whole)
 
 
 # -- causes.csv and the terminal -----------------------------------------------------------------------
@@ -272,12 +286,22 @@ def cause_words(key: str, lang: str) -> str:
     return render("classreport.other", {}, lang) if key == OTHER else key
 
 
+def check_words(check: str, lang: str) -> str:
+    """A check's id, or the words for every check (WHOLE)."""
+    return render("classreport.every_check", {}, lang) if check == WHOLE else check
+
+
 def terminal(report: ClassReport) -> str:
     """Per check: its pass rate; its most common causes, each with how many students, one example of
     its words and the students who have it; then how many causes were left off, and OTHER."""
     lang = report.lang
     example = {(c.check, c.key): c.text for c in reversed(report.causes)}   # the first student's words
-    lines = ["", render("classreport.checks", {}, lang)]
+    lines = [""]
+    if report.whole:
+        lines.append(render("classreport.whole", {}, lang))
+        for key, names in report.whole.items():
+            lines += _cause_lines(key, names, example.get((WHOLE, key), ""), lang)
+    lines.append(render("classreport.checks", {}, lang))
     for check in report.checks:
         lines.append(render("classreport.check", {"check": check.id, "title": check.title, "passed": len(check.passed),
                                                   "count": check.count, "rate": check.rate}, lang))

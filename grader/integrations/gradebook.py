@@ -24,6 +24,25 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
+def width(text: str) -> int:
+    """Columns `text` takes on a terminal: East Asian wide and fullwidth characters 2, combining marks 0."""
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+               for ch in text)
+
+
+def fit(text: str, columns: int) -> str:
+    """`text` padded to `columns` columns, or cut to fit them with an ellipsis ("...") at its end."""
+    if width(text) > columns:
+        kept, used = [], 0
+        for ch in text:
+            if used + width(ch) > columns - 3:
+                break
+            kept.append(ch)
+            used += width(ch)
+        text = "".join(kept) + "..."
+    return text + " " * (columns - width(text))
+
+
 def verdict(data: dict, exercise) -> str:
     """The first failing outcome in rubric order, or "pass"."""
     extra = data.get("extra_data") or {}

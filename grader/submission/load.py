@@ -7,19 +7,22 @@ student's folder is searched without following symbolic links, to a bounded dept
 """
 from __future__ import annotations
 
+import ast
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import notebook
-from .static import Problem
+from .notebook import LineMap
+from .static import Problem, entry_origin, parse_source, written_modules
 
 MAX_BYTES = 1 << 20  # a submission of more than 1 MiB is not a solution to this exercise
 SUFFIXES = (".py", ".ipynb")
 MAX_DEPTH = 32       # folders below a student's folder searched for the submission
 MAX_ENTRIES = 10_000  # entries looked at in one student's folder
+FUNCTION_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 __all__ = ["MAX_BYTES", "SUFFIXES", "Problem", "Submission", "display_name", "find_entry", "load", "from_source", "read_limited"]
 
@@ -32,6 +35,8 @@ class Submission:
     problem: Problem | None = None
     raw: bytes = b""         # the bytes read, for content hashes
     notes: tuple = ()        # non-fatal notes for the student: Problem(key, params) each (ignored %%bash cells ...)
+    files: dict[str, str] = field(default_factory=dict)   # what a notebook's %%writefile cells write: name -> text
+    line_map: LineMap | None = None   # a notebook's: where each line of `source` (and of `files`) is in its cells
 
 
 def _walk(folder: Path, truncated: list | None = None):
@@ -142,16 +147,38 @@ def load(path: Path) -> Submission:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         return Submission(path, name, None, Problem("load.not_utf8", {"file": name, "offset": err.start}), raw)
-    notes: tuple = ()
     if path.suffix == ".ipynb":
-        source, problem, found = notebook.notebook_code(text)
-        notes = tuple(Problem(key, params) for key, params in found)
-        if problem is not None:
-            return Submission(path, name, None, Problem(*problem), raw, notes)
-        text = source
+        return _notebook(path, name, text, raw)
     if not text.strip():
-        return Submission(path, name, None, Problem("load.empty", {"file": name}), raw, notes)
-    return Submission(path, name, text, None, raw, notes)
+        return Submission(path, name, None, Problem("load.empty", {"file": name}), raw)
+    return Submission(path, name, text, None, raw)
+
+
+def _notebook(path: Path, name: str, text: str, raw: bytes) -> Submission:
+    code = notebook.read_notebook(text)
+    notes = tuple(Problem(key, params) for key, params in code.notes)
+    lines = LineMap(code.lines.source, code.lines.files, _entry_files(code.source, code.files))
+    if code.problem is not None:
+        return Submission(path, name, None, Problem(*code.problem), raw, notes, code.files, lines)
+    if not code.source.strip():
+        return Submission(path, name, None, Problem("load.empty", {"file": name}), raw, notes, code.files, lines)
+    return Submission(path, name, code.source, None, raw, notes, code.files, lines)
+
+
+def _entry_files(source: str | None, files: dict[str, str]) -> dict[str, str]:
+    """For each function a written file defines: the file ranks take it from when the notebook's code
+    names it as its entry (static.entry_origin), so that messages about it point at that file's cell."""
+    tree = parse_source(source, "notebook")[0] if source and written_modules(files) else None
+    if tree is None:
+        return {}
+    out = {}
+    for file in written_modules(files).values():
+        module = parse_source(files[file], file)[0]
+        for stmt in module.body if module is not None else ():
+            origin = entry_origin(tree, stmt.name, files) if isinstance(stmt, FUNCTION_DEFS) else None
+            if origin is not None:
+                out[stmt.name] = origin[0]
+    return out
 
 
 def from_source(source: str, filename: str = "submission.py") -> Submission:

@@ -4,14 +4,22 @@ Each code cell goes through IPython's own `TransformerManager` (the code Jupyter
 magics, `!cmd`, `x = !cmd`, `obj?`), then:
   - a cell magic whose body IPython runs as Python in the notebook's namespace (`%%time`, `%%capture`,
     `%%prun`, `%%debug`) is graded as its body;
+  - `%%writefile NAME` (`%%file`) writes its body to NAME when the cell runs: the file is kept
+    (`NotebookCode.files`, `-a` appends) for the ranks to write into their folder, so that a later
+    `from dist_worker import run_worker` (the usual way around mp.spawn not pickling notebook functions)
+    works as in Jupyter; a name that is not a plain relative path inside the folder becomes a note;
   - `%%timeit` runs its body in a scope of its own (nothing it defines is kept) and any other cell magic
-    (`%%bash`, `%%writefile`, `%%html` ...) is not Python: the cell is left out, with a note the student sees;
+    (`%%bash`, `%%html` ...) is not Python: the cell is left out, with a note the student sees;
   - `%time STMT` / `%prun STMT` become STMT; every other line magic or shell line becomes `pass`, on its
     own line, so line numbers (tracebacks, messages) still point at the student's lines.
 Without IPython (an environment that lacks it) cells are read the same way by a small fallback, which
 leaves `%time STMT` out with a note.
 
-`notebook_code` never raises: a notebook that cannot be graded becomes a (catalog key, values) problem --
+Cells are joined with one blank line between them; `NotebookCode.lines` says where each line of the
+joined code (and of each written file) is in the notebook: (code cell, counted from 1 as the notebook
+shows them; line in that cell), for messages the student can find.
+
+`read_notebook` never raises: a notebook that cannot be graded becomes a (catalog key, values) problem --
 bad JSON, no code cells, or `run_worker` split over cells with other top-level code between its parts
 (joined, such cells parse as something the student never wrote; run one by one, as Jupyter does, the
 continuation is an IndentationError). Text is split into lines on "\n" only, as Python's tokenizer does
@@ -22,12 +30,18 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
 import warnings
+from dataclasses import dataclass, field
 
 ENTRY_DEF = re.compile(r"^(?:async[ \t]+)?def[ \t]+run_worker\b", re.MULTILINE)
 NAMESPACE_CELL_MAGICS = {"time", "capture", "prun", "debug"}  # IPython runs the body in the user namespace
 LOCAL_CELL_MAGICS = {"timeit"}                                 # runs the body in a scope of its own
 STATEMENT_LINE_MAGICS = {"time", "prun", "debug"}              # `%time STMT` runs STMT in the user namespace
+WRITEFILE_MAGICS = {"writefile", "file"}                       # `%%file` is IPython's alias of `%%writefile`
+MAX_FILE_BYTES = 256 * 1024   # a file a cell writes; more is not part of this exercise
+MAX_FILES = 32
+SAFE_PART = re.compile(r"\w[\w.\-]*")                          # one folder or file name: no leading dot, no ..
 _TRANSFORMER: list = []
 
 
@@ -152,8 +166,7 @@ def _fallback(src: str) -> tuple[str, list[tuple[str, dict]]]:
     return "".join(out), notes
 
 
-def cell_code(cell: dict) -> tuple[str, list[tuple[str, dict]]]:
-    """The Python a code cell holds (see the module's docstring) and its notes."""
+def _cell_text(cell: dict) -> str:
     src = cell.get("source", cell.get("input", ""))  # "input": nbformat 3
     if isinstance(src, list):
         if not all(isinstance(part, str) for part in src):
@@ -161,7 +174,12 @@ def cell_code(cell: dict) -> tuple[str, list[tuple[str, dict]]]:
         src = "".join(src)
     if not isinstance(src, str):
         raise ValueError("cell source is not text")
-    return _cell(src)
+    return src
+
+
+def cell_code(cell: dict) -> tuple[str, list[tuple[str, dict]]]:
+    """The Python a code cell holds (see the module's docstring) and its notes."""
+    return _cell(_cell_text(cell))
 
 
 def cell_source(cell: dict) -> str:
@@ -224,40 +242,125 @@ def split_entry_line(chunks: list[str]) -> int | None:
     return None
 
 
-def notebook_code(text: str) -> tuple[str, None, tuple] | tuple[None, tuple[str, dict], tuple]:
-    """(source, None, notes) or (None, (problem key, params), notes); notes are (key, params) each."""
+@dataclass(frozen=True)
+class LineMap:
+    """Where the lines the grader reads were in the notebook: (code cell, from 1; line in that cell)."""
+    source: dict[int, tuple[int, int]] = field(default_factory=dict)   # line of the joined code -> (cell, line)
+    files: dict[str, dict[int, tuple[int, int]]] = field(default_factory=dict)   # per written file, its lines
+    entry_files: dict[str, str] = field(default_factory=dict)   # function -> the written file ranks take it from
+
+
+@dataclass(frozen=True)
+class NotebookCode:
+    source: str | None                       # the code cells, joined (None on a problem)
+    problem: tuple[str, dict] | None = None
+    notes: tuple = ()                        # (key, params) each
+    files: dict[str, str] = field(default_factory=dict)   # relative name -> text, as the cells write them
+    lines: LineMap = field(default_factory=LineMap)
+
+
+def safe_name(name: str) -> str | None:
+    """A name a cell may write, as a plain relative path (`./a/b.py` is `a/b.py`), or None: absolute, `~`,
+    `..`, a hidden part, a variable IPython would expand (`$x`, `{x}`), a backslash or a control character."""
+    if not name or len(name) > 200 or name.startswith(("/", "~")) or any(c in name for c in "\\$\x00"):
+        return None
+    parts = [part for part in name.split("/") if part not in ("", ".")]
+    if not parts or len(parts) > 4 or not all(SAFE_PART.fullmatch(part) and part.isprintable() for part in parts):
+        return None
+    return "/".join(parts)
+
+
+def _writefile(args: str) -> tuple[str | None, bool]:
+    """(the name as written, append?) of `%%writefile [-a] NAME`; None for the name when it cannot be told."""
+    try:
+        words = shlex.split(args)
+    except ValueError:
+        return None, False
+    append = any(w in ("-a", "--append") for w in words)
+    names = [w for w in words if w not in ("-a", "--append")]
+    return (names[0] if len(names) == 1 and not names[0].startswith("-") else None), append
+
+
+class _Files:
+    """The files the cells write, in the order the cells run, with where each of their lines came from."""
+
+    def __init__(self):
+        self.texts: dict[str, str] = {}
+        self.lines: dict[str, dict[int, tuple[int, int]]] = {}
+        self.notes: list[tuple[str, dict]] = []
+
+    def write(self, cell: int, args: str, body: str) -> None:
+        written, append = _writefile(args)
+        name = safe_name(written) if written is not None else None
+        if name is None:
+            self.notes.append(("note.writefile_bad_name", {"cell": cell, "file": (written or args)[:200]}))
+            return
+        if name not in self.texts and len(self.texts) >= MAX_FILES:
+            self.notes.append(("note.writefile_too_many", {"cell": cell, "file": name, "limit": MAX_FILES}))
+            return
+        body = body if body.endswith("\n") or not body else body + "\n"
+        before = self.texts.get(name, "") if append else ""
+        if len((before + body).encode("utf-8", "replace")) > MAX_FILE_BYTES:
+            self.notes.append(("note.writefile_too_large", {"cell": cell, "file": name, "limit": MAX_FILE_BYTES}))
+            self.texts.pop(name, None)
+            self.lines.pop(name, None)
+            return
+        lines = dict(self.lines.get(name, {})) if append else {}
+        start = before.count("\n")
+        lines.update({start + i: (cell, i + 1) for i in range(1, body.count("\n") + 1)})  # the body starts on line 2
+        self.texts[name], self.lines[name] = before + body, lines
+
+
+def read_notebook(text: str) -> NotebookCode:
+    """The notebook as the grader reads it (see the module's docstring); never raises."""
     try:
         nb = json.loads(text)
     except (ValueError, RecursionError) as err:
         where = f"line {err.lineno}: {err.msg}" if isinstance(err, json.JSONDecodeError) else str(err)[:200]
-        return None, ("load.bad_notebook", {"error": where}), ()
+        return NotebookCode(None, ("load.bad_notebook", {"error": where}))
     cells = _cells(nb) if isinstance(nb, dict) else None
     if cells is None:
-        return None, ("load.bad_notebook", {"error": "no 'cells' list"}), ()
-    chunks, notes, line, number = [], [], 1, 0
+        return NotebookCode(None, ("load.bad_notebook", {"error": "no 'cells' list"}))
+    chunks, notes, line, number, files, where = [], [], 1, 0, _Files(), {}
     try:
         for cell in cells:
-            if isinstance(cell, dict) and cell.get("cell_type") == "code":
-                number += 1
-                code, cell_notes = cell_code(cell)
-                for key, params in cell_notes:
-                    params = {**params, "cell": number}
-                    if "line" in params:
-                        params["line"] += line - 1
-                    notes.append((key, params))
-                if code.strip():
-                    chunk = code.rstrip("\n") + "\n"
-                    chunks.append(chunk)
-                    line += chunk.count("\n") + 1  # chunks are joined with one blank line between
+            if not (isinstance(cell, dict) and cell.get("cell_type") == "code"):
+                continue
+            number += 1
+            src = _cell_text(cell)
+            magic = _cell_magic(src)
+            if magic is not None and magic[0] in WRITEFILE_MAGICS:
+                files.write(number, magic[1], magic[2])
+                notes += files.notes
+                files.notes.clear()
+                continue
+            code, cell_notes = _cell(src)
+            for key, params in cell_notes:
+                params = {**params, "cell": number}
+                if "line" in params:
+                    params["line"] += line - 1
+                notes.append((key, params))
+            if code.strip():
+                chunk = code.rstrip("\n") + "\n"
+                chunks.append(chunk)
+                where.update({line + i: (number, i + 1) for i in range(chunk.count("\n"))})
+                line += chunk.count("\n") + 1  # chunks are joined with one blank line between
     except (ValueError, RecursionError, MemoryError) as err:
-        return None, ("load.bad_notebook", {"error": str(err)[:200]}), ()
+        return NotebookCode(None, ("load.bad_notebook", {"error": str(err)[:200]}))
     notes_out = tuple(notes)
+    lines = LineMap(where, files.lines)
     if not chunks:
-        return None, ("load.no_code_cells", {}), notes_out
+        return NotebookCode(None, ("load.no_code_cells", {}), notes_out, files.texts, lines)
     entry_line = split_entry_line(chunks)
     if entry_line is not None:
-        return None, ("load.split_entry", {"line": entry_line}), notes_out
-    return "\n".join(chunks), None, notes_out
+        return NotebookCode(None, ("load.split_entry", {"line": entry_line}), notes_out, files.texts, lines)
+    return NotebookCode("\n".join(chunks), None, notes_out, files.texts, lines)
+
+
+def notebook_code(text: str) -> tuple[str, None, tuple] | tuple[None, tuple[str, dict], tuple]:
+    """(source, None, notes) or (None, (problem key, params), notes); notes are (key, params) each."""
+    code = read_notebook(text)
+    return code.source, code.problem, code.notes
 
 
 def code_from_notebook(text: str) -> tuple[str, None] | tuple[None, tuple[str, dict]]:

@@ -3,10 +3,14 @@
 Pure `ast`, no torch: it runs in the supervisor (for the static checks) and in every rank (to load
 only the submission's definitions, never its top-level launch calls such as `test_distributed()`).
 An operation is reached through any form that names it (comm.API_NAMES): an attribute, an alias, a
-from-import, `getattr(module, "name")`, `functools.partial(...)`, a lambda, a helper function or
-method of the submission, functional collectives, `torch.distributed.nn.functional`, the
-`_into_tensor` / `_single` / `_base` variants, or a process group's own method. Dead code (`if False:`,
-code after `return`) counts for nothing.
+from-import, `getattr(module, NAME)` where NAME holds a constant string (`"all_reduce"`, `OPS["feat"]` of a
+dict literal, a constant-valued name), `functools.partial(...)`, a lambda, a helper function or method of
+the submission, functional collectives, `torch.distributed.nn.functional`, the `_into_tensor` / `_single` /
+`_base` variants, or a process group's own method. A reference counts when its value is used: called,
+passed on, returned, held in a container or a name that is used (flow.py); `f = dist.reduce_scatter_tensor`
+alone reaches nothing. Dead code (`if False:`, code after `return`) counts for nothing. A notebook's entry
+function may live in a file one of its cells writes (`%%writefile dist_worker.py`, then `from dist_worker
+import run_worker`): `inspect_source(tree, entry, files=...)` follows it there (`entry_origin`).
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..comm import API_NAMES, PRELOAD_WITH
+from . import flow
 
 ENTRY = "run_worker"
+DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 # Process-group methods whose names say what they are (`send`, `reduce` ... are too common a word).
 GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
                  "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
@@ -37,6 +43,7 @@ class StaticReport:
     todo_left: bool = False          # the entry function still raises NotImplementedError (the stub)
     torch_modules: list[str] = field(default_factory=list)  # torch modules the submission names (preloaded)
     self_checks: bool = False        # the entry function (or code it reaches) asserts or raises on its own
+    entry_file: str | None = None    # the file a notebook cell writes that holds the entry function, if any
 
 
 def _const_truth(test: ast.expr) -> bool | None:
@@ -119,25 +126,28 @@ def _live_statements(body: list[ast.stmt]):
             return
 
 
-def _live_nodes(node: ast.AST):
-    """Every node below `node` that can run, pruning statically dead branches."""
+def _live_nodes(node: ast.AST, stop: tuple = ()):
+    """Every node below `node` that can run, pruning statically dead branches; nodes of the `stop` types
+    are yielded but not entered (the top level of a module without its functions' bodies)."""
     if isinstance(node, (ast.If, ast.While)) and _const_truth(node.test) is not None:
         return  # handled by _live_statements of the enclosing block
     yield node
+    if stop and isinstance(node, stop):
+        return
     for name, value in ast.iter_fields(node):
         if isinstance(value, list) and value and isinstance(value[0], ast.stmt):
             for stmt in _live_statements(value):
-                yield from _live_nodes(stmt)
+                yield from _live_nodes(stmt, stop)
         elif isinstance(value, list):
             for item in value:
                 if isinstance(item, ast.AST):
-                    yield from _live_nodes(item)
+                    yield from _live_nodes(item, stop)
         elif isinstance(value, ast.AST):
             if isinstance(node, ast.IfExp) and name in ("body", "orelse"):
                 truth = _const_truth(node.test)
                 if truth is not None and (name == "body") != truth:
                     continue
-            yield from _live_nodes(value)
+            yield from _live_nodes(value, stop)
 
 
 def _is_not_implemented_raise(stmt: ast.stmt) -> bool:
@@ -147,17 +157,118 @@ def _is_not_implemented_raise(stmt: ast.stmt) -> bool:
     return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
-def inspect_source(tree: ast.Module, entry_name: str = ENTRY) -> StaticReport:
-    """Find the entry function and the operations it reaches, also through the submission's own code."""
-    report = StaticReport()
-    module_scope = _Scope()
-    functions: dict[str, ast.AST] = {}
+class _Module:
+    """One module of the submission (its own code, or a file a notebook cell writes): its imports and
+    aliases, its top-level functions and classes, and what its top level binds."""
+
+    def __init__(self, tree: ast.Module):
+        self.tree = tree
+        statements = list(_live_statements(tree.body))
+        self.scope = _Scope()
+        self.functions: dict[str, ast.AST] = {}
+        for stmt in statements:
+            self.scope.bind(stmt)
+            if isinstance(stmt, DEFS):
+                self.functions[stmt.name] = stmt
+        self.parents = flow.parents(tree)
+        top = [node for stmt in statements for node in _live_nodes(stmt, stop=DEFS)]
+        self.flow = flow.Flow(top, self.parents)
+        self.values = _values([n for n in top if isinstance(n, ast.stmt)], self.scope, self.flow)
+
+
+class _Program:
+    """The submission and the files its notebook cells write (`%%writefile dist_worker.py`), each parsed
+    when first needed."""
+
+    def __init__(self, tree: ast.Module, files: dict[str, str] | None):
+        self.main = _Module(tree)
+        self.files = dict(files or {})
+        self.modules = written_modules(self.files)
+        self._parsed: dict[str, _Module | None] = {}
+
+    def module(self, file: str) -> _Module | None:
+        if file not in self._parsed:
+            tree, _ = parse_source(self.files[file], file)
+            self._parsed[file] = _Module(tree) if tree is not None else None
+        return self._parsed[file]
+
+    def lookup(self, qualified: str | None) -> tuple[_Module, str] | None:
+        """(the written module, the name in it) of a qualified name such as `dist_worker.run_worker`."""
+        found = _split(qualified, self.modules)
+        module = self.module(found[0]) if found else None
+        return (module, found[1]) if module is not None else None
+
+    def torch_modules(self) -> list[str]:
+        found = set(_torch_modules(self.main.tree))
+        for file in self.modules.values():
+            module = self.module(file)
+            found.update(_torch_modules(module.tree) if module else ())
+        return sorted(found)[:48]
+
+
+def written_modules(files: dict[str, str] | None) -> dict[str, str]:
+    """Module name -> file name of the Python files a notebook writes (`utils/comm.py` is `utils.comm`)."""
+    return {name[:-3].replace("/", "."): name for name in (files or {}) if name.endswith(".py")}
+
+
+def _split(qualified: str | None, modules: dict[str, str]) -> tuple[str, str] | None:
+    """(file, name) of `module.name` where module is a written one, else None."""
+    module, _, name = (qualified or "").rpartition(".")
+    return (modules[module], name) if module in modules and name else None
+
+
+def entry_origin(tree: ast.Module, entry: str = ENTRY, files: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """Where the entry function is when a notebook cell writes it into a file: (the file, the function's name
+    in it). Found from the binding of `entry` at the top level (`from dist_worker import run_worker`, `...
+    import f as run_worker`, `run_worker = dist_worker.f`; the last binding wins, as when Python runs it), or,
+    when nothing there binds `entry`, from `import dist_worker` and a reference to `dist_worker.run_worker`
+    (`mp.spawn(dist_worker.run_worker, ...)`). None: the submission defines it itself, or nothing does."""
+    modules = written_modules(files)
+    if not modules:
+        return None
+    scope, origin, bound = _Scope(), None, False
     for stmt in _live_statements(tree.body):
-        module_scope.bind(stmt)
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            functions[stmt.name] = stmt
-    report.torch_modules = _torch_modules(tree)
-    entry = functions.get(entry_name)
+        scope.bind(stmt)
+        if isinstance(stmt, DEFS) and stmt.name == entry:
+            origin, bound = None, True
+        elif _binds(stmt, entry):
+            origin, bound = _split(scope.names.get(entry), modules), True
+    if bound:
+        return origin
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == entry and isinstance(node.ctx, ast.Load):
+            found = _split(scope.qualify(node), modules)
+            if found is not None:
+                return found
+    return None
+
+
+def _binds(stmt: ast.stmt, name: str) -> bool:
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return any((alias.asname or alias.name.split(".")[0]) == name for alias in stmt.names)
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return any(name in flow.target_names(t) for t in targets)
+    return False
+
+
+def inspect_source(tree: ast.Module, entry_name: str = ENTRY, files: dict[str, str] | None = None) -> StaticReport:
+    """Find the entry function and the operations it reaches, also through the submission's own code.
+    `files`: the files a notebook's cells write (Submission.files); an entry function imported from one of
+    them is analysed there (`entry_origin`), and so are the functions of theirs that the code uses (their
+    lines are then reported at the line that calls into them)."""
+    report = StaticReport()
+    program = _Program(tree, files)
+    report.torch_modules = program.torch_modules()
+    module, name = program.main, entry_name
+    origin = entry_origin(tree, entry_name, files)
+    if origin is not None:
+        report.entry_file, name = origin
+        module = program.module(origin[0])
+        if module is None:   # the file does not parse: the ranks' import of it says why
+            report.has_entry = True
+            return report
+    entry = module.functions.get(name)
     if not isinstance(entry, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return report
     report.has_entry = True
@@ -167,9 +278,9 @@ def inspect_source(tree: ast.Module, entry_name: str = ENTRY) -> StaticReport:
 
     reached: dict[str, set[int]] = {}
     visited: set[int] = set()
-    module_values = _values_reaching(list(_live_statements(tree.body)), module_scope)
 
-    def walk(fn: ast.AST, parent_scope: _Scope) -> None:
+    def walk(fn: ast.AST, parent_scope: _Scope, outer: flow.Flow, mod: _Module, site: int | None) -> None:
+        """`site`: in a module other than the entry's, the line of the entry's module that led there."""
         if id(fn) in visited:
             return
         visited.add(id(fn))
@@ -179,56 +290,127 @@ def inspect_source(tree: ast.Module, entry_name: str = ENTRY) -> StaticReport:
         for node in nodes:
             if isinstance(node, ast.stmt) and node is not fn:
                 scope.bind(node)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+            if isinstance(node, DEFS) and node is not fn:
                 local_defs[node.name] = node
-        local_values = _values_reaching([n for n in nodes if isinstance(n, ast.stmt) and n is not fn], scope)
+        here = flow.Flow(nodes, mod.parents, outer)
+        local_values = _values([n for n in nodes if isinstance(n, ast.stmt) and n is not fn], scope, here, mod.values)
+
+        def record(ops, node) -> None:
+            for op in ops:
+                reached.setdefault(op, set()).add(site or node.lineno)
+
         for node in nodes:
             if _checks_itself(node):
                 report.self_checks = True
-            op = _names_op(node, scope)
-            if op is not None:
-                reached.setdefault(op, set()).add(node.lineno)
+            ops = _ops_named(node, scope, here)
+            if ops and here.used(node):
+                record(ops, node)
+            if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load) or not here.used(node):
+                continue
             # a name bound to something that reaches an operation (`reduce = functools.partial(dist.all_reduce)`)
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                for op in local_values.get(node.id) or module_values.get(node.id, ()):
-                    reached.setdefault(op, set()).add(node.lineno)
-            # A reference to a function of the submission (called, or passed as a callback) reaches it.
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-                target = local_defs.get(node.id) or functions.get(node.id)
+            if isinstance(node, ast.Name):
+                bound = local_values.get(node.id) or mod.values.get(node.id)
+                if bound:
+                    record(_select(bound, flow.constant_key(node, here.parent)), node)
+                # a function or class of the submission, called or passed on (a callback), is walked
+                target = local_defs.get(node.id) or mod.functions.get(node.id)
                 if target is not None and target is not fn:
-                    walk(target, scope if node.id in local_defs else module_scope)
+                    local = node.id in local_defs
+                    walk(target, scope if local else mod.scope, here if local else mod.flow, mod, site)
+                    continue
+            # a function (or a bound value) of a file a notebook cell writes
+            found = program.lookup(scope.qualify(node))
+            if found is not None and found[0] is not mod:
+                other, other_name = found
+                if isinstance(other.functions.get(other_name), DEFS):
+                    walk(other.functions[other_name], other.scope, other.flow, other, site or node.lineno)
+                elif other.values.get(other_name):
+                    record(_select(other.values[other_name], None), node)
 
-    walk(entry, module_scope)
-    report.reached = {name: sorted(lines) for name, lines in reached.items() if lines}
+    walk(entry, module.scope, module.flow, module, None)
+    report.reached = {op: sorted(lines) for op, lines in reached.items() if lines}
     return report
 
 
-def _values_reaching(statements: list, scope: _Scope) -> dict[str, set[str]]:
-    """Names assigned a value that names an operation: a partial, a lambda, a dict of collectives ..."""
-    out: dict[str, set[str]] = {}
+def _values(statements: list, scope: _Scope, here: flow.Flow, outer: dict | None = None) -> dict[str, dict]:
+    """Names assigned a value that names an operation (a partial, a lambda, another such name, a dict of
+    collectives), as {name: {constant key, or None for the whole value: operations}}."""
+    out: dict[str, dict] = {}
+
+    def ops_in(expr: ast.AST) -> set[str]:
+        found: set[str] = set()
+        for sub in ast.walk(expr):
+            if not _carried(sub, expr, here.parent):
+                continue
+            found |= _ops_named(sub, scope, here)
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                bound = out.get(sub.id) or (outer or {}).get(sub.id)
+                if bound:
+                    found |= _select(bound, flow.constant_key(sub, here.parent))
+        return found
+
     for stmt in statements:
-        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
-            ops = {op for sub in ast.walk(stmt.value) if (op := _names_op(sub, scope)) is not None}
-            if ops:
-                out.setdefault(stmt.targets[0].id, set()).update(ops)
+        if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+            continue
+        pairs = []
+        for target in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+            if isinstance(target, ast.Name):
+                pairs.append((target.id, stmt.value))
+            elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(stmt.value, (ast.Tuple, ast.List)) \
+                    and len(target.elts) == len(stmt.value.elts):
+                pairs += [(t.id, v) for t, v in zip(target.elts, stmt.value.elts) if isinstance(t, ast.Name)]
+        for name, value in pairs:
+            items = zip(value.keys, value.values) if isinstance(value, ast.Dict) else [(None, value)]
+            for key, item in items:
+                ops = ops_in(item)
+                if ops:
+                    const = key.value if isinstance(key, ast.Constant) and isinstance(key.value, str) else None
+                    out.setdefault(name, {}).setdefault(const, set()).update(ops)
     return out
 
 
-def _names_op(node: ast.AST, scope: _Scope) -> str | None:
-    """The operation a node names: a reference to a public API (any use: a call, a callback, a partial),
-    `getattr(module, "name")` with a constant, or a process group's own method."""
+def _carried(node: ast.AST, root: ast.AST, parent_of) -> bool:
+    """Whether the value bound to `root` holds `node` itself (not something computed from it): `node` is
+    `root`, or sits in it inside a lambda, a container literal, a conditional expression, or as an argument
+    of `functools.partial`."""
+    path, child = [], node
+    while child is not root and child is not None:
+        parent = parent_of(child)
+        path.append((parent, child))
+        child = parent
+    if child is None or any(isinstance(parent, ast.Lambda) for parent, _ in path):
+        return child is not None
+    for parent, child in path:
+        partial = isinstance(parent, ast.Call) and child is not parent.func and (_dotted(parent.func) or [""])[-1] == "partial"
+        if not (partial or isinstance(parent, flow.HELD_IN + (ast.keyword,))
+                or isinstance(parent, ast.Dict) and child in parent.values
+                or isinstance(parent, ast.IfExp) and child is not parent.test):
+            return False
+    return True
+
+
+def _select(bound: dict, key: str | None) -> set[str]:
+    """The operations a bound value reaches when read with `key` (a dict literal's constant key), or all.
+    Bucket None: a value that is not a dict literal, or its items under keys that are not constants."""
+    if key is None:
+        return set().union(*bound.values())
+    return set(bound.get(key, ())) | set(bound.get(None, ()))
+
+
+def _ops_named(node: ast.AST, scope: _Scope, here: flow.Flow) -> set[str]:
+    """The operations a node names: a reference to a public API (comm.API_NAMES), a process group's own
+    method, or `getattr(module, NAME)` where NAME holds constant strings (flow.Flow.strings)."""
     if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
         qualified = scope.qualify(node)
         if qualified in API_NAMES:
-            return API_NAMES[qualified]
+            return {API_NAMES[qualified]}
         if isinstance(node, ast.Attribute) and node.attr in GROUP_METHODS:
-            return GROUP_METHODS[node.attr]
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-        base = scope.qualify(node.args[0])
-        if base is not None:
-            return API_NAMES.get(f"{base}.{node.args[1].value}")
-    return None
+            return {GROUP_METHODS[node.attr]}
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
+        base, names = scope.qualify(node.args[0]), here.strings(node.args[1])
+        ops = {API_NAMES.get(f"{base}.{name}") for name in names} if base is not None else set()
+        return (ops | {GROUP_METHODS[name] for name in names if name in GROUP_METHODS}) - {None}
+    return set()
 
 
 def _checks_itself(node: ast.AST) -> bool:
@@ -374,6 +556,19 @@ class Problem(NamedTuple):
     """Why a submission cannot be graded: a message catalog key and its values (load.Problem is this)."""
     key: str
     params: dict
+
+
+def own_problem(source: str | None, filename: str, entries: list[str], files: dict | None = None) -> Problem | None:
+    """What is wrong with a submission before any exercise is known: its code does not parse, or defines
+    none of the functions the exercises start from (`entries`). None when neither."""
+    if source is None:
+        return None
+    tree, problem = parse_source(source, filename)
+    if problem is not None:
+        return problem
+    if entries and not any(inspect_source(tree, entry, files).has_entry for entry in entries):
+        return Problem("static.no_entry_any", {"entries": list(entries)})
+    return None
 
 
 def tree_depth(tree: ast.AST) -> int:
