@@ -52,11 +52,13 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     visible = exercise.visible_world_sizes[:1]
     real_at = visible[0] if real and visible and visible[0] in world_sizes else None
     real_backend = backend_for(real_at, backend, gpus) if real_at is not None else None
+    if real_backend is None:   # NCCL asked for, too few GPUs: no real-backend run (api.py says so)
+        real_at = None
 
     def request(ws: int, perturb: tuple, label: str, mode: str = "switch") -> RunRequest:
         return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
                           entry=exercise.entry, quantities=names, perturb=perturb, label=label, preload=preload,
-                          mode=mode, backend=real_backend or "gloo" if mode == "real" else "gloo",
+                          mode=mode, backend=real_backend if mode == "real" else "gloo",
                           cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
                           files=dict(getattr(submission, "files", None) or {}))
 

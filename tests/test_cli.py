@@ -63,9 +63,10 @@ def test_nccl_without_enough_gpus_says_so(tmp_path):
     results = tmp_path / "r.json"
     proc = run_cli("grade", str(SOLUTION), "--results", str(results), "--lang", "en", "--backend", "nccl")
     data = json.loads(results.read_text())
-    assert data["score"] == 10  # static checks only
-    assert set(outcomes(data)[f"ws{ws}.{op}"] for ws in (2, 3, 4) for op in ("all_reduce", "all_gather")) == {"grader_error"}
-    assert "NCCL needs at least 2 visible GPUs; this machine shows 0." in proc.stdout
+    # graded runs need no GPU (CUDA tensors go through the switch by host copies): only the real-backend run
+    # cannot be made, and the report says so
+    assert data["score"] == 100
+    assert "NCCL needs at least 2 visible GPUs; this machine shows 0: the code was not run on real NCCL" in proc.stdout
 
 
 @pytest.mark.timeout(60)

@@ -59,7 +59,7 @@ def _clean(error: str) -> str:
 @pytest.fixture(scope="module")
 def differential():
     source = CASES.read_text()
-    with Runner(limits=Limits(wall_s=60, output_keep_kb=1024)) as runner:
+    with Runner(limits=Limits(wall_s=60, output_keep_kb=1024, processes=1024)) as runner:
         requests = [RunRequest(world_size=ws, source=source, filename="cases.py", quantities=("t",), mode=mode)
                     for ws in (2, 3) for mode in ("switch", "real")]
         outs = runner.run_many(requests)

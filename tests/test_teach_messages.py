@@ -165,7 +165,7 @@ def test_formulas_are_written_one_way_per_language():
     ("batch.mean_median", {"count": 1, "mean": 5.0, "median": 5, "max": 10}, "1 submission: mean 5.0, median 5 (out of 10)"),
     ("summary.hidden_pending", {"count": 1}, "1 hidden check: shown once grades are published."),
     ("cause.hardcoded_ws", {"quantity": "g", "k": 1}, "Cause: g is what 1 rank would give, and your code has the constant 1: do not hard-code the world size, use the world_size argument."),
-    ("fail.unobserved_ops", {"rank": 1, "count": 1}, "Rank 1 reached past the grader's process group to the backend inside it (1 operation the grader could not observe)."),
+    ("fail.op_not_used", {"op": "send"}, "send was never used (none completed)."),
     ("why.weights", {"rank": 0, "quantity": "g", "element": 1, "source": 1, "weight": 1.0, "expected": 2.0, "missing": [], "twice": []},
      "  In element 1 of g on rank 0, rank 1's data counts 1 time where it should count 2 (ranks missing: -; counted twice: -)."),
 ])

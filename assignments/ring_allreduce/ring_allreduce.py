@@ -60,14 +60,16 @@ def ring_all_reduce(tensor, rank, world_size):
 
 
 def run_worker(rank, world_size):
-    """每个进程的数据随元素下标变化：rank r 持有 arange(LENGTH) * (r + 1)（float32）。
-    Each rank's data varies with the element index: rank r holds arange(LENGTH) * (r + 1) (float32).
+    """每个进程的数据随元素下标变化：rank r 持有 arange(LENGTH) * (r + 1) * 0.37（float32，不是小整数：
+    换成更窄的类型传输会丢精度）。
+    Each rank's data varies with the element index: rank r holds arange(LENGTH) * (r + 1) * 0.37 (float32,
+    not small integers: sent as a narrower type, it would lose precision).
 
     Returns:
-        tensor：求和之后的张量，形状 (LENGTH,)，每个进程都等于 arange(LENGTH) * N(N + 1)/2。
-        the tensor after the sum, shape (LENGTH,): arange(LENGTH) * N(N + 1)/2 on every rank.
+        tensor：求和之后的张量，形状 (LENGTH,)，每个进程都等于 arange(LENGTH) * N(N + 1)/2 * 0.37。
+        the tensor after the sum, shape (LENGTH,): arange(LENGTH) * N(N + 1)/2 * 0.37 on every rank.
     """
-    tensor = torch.arange(LENGTH, dtype=torch.float32) * (rank + 1)
+    tensor = torch.arange(LENGTH, dtype=torch.float32) * (rank + 1) * 0.37
     ring_all_reduce(tensor, rank, world_size)
     return tensor
 
@@ -86,8 +88,8 @@ def _launch(rank, world_size, port):
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         tensor = run_worker(rank, world_size)
-        expected = torch.arange(LENGTH, dtype=torch.float32) * (world_size * (world_size + 1) / 2)
-        print(f"rank {rank}: tensor[:4] = {tensor[:4].tolist()}, right: {torch.equal(tensor, expected)}")
+        expected = torch.arange(LENGTH, dtype=torch.float32) * (world_size * (world_size + 1) / 2) * 0.37
+        print(f"rank {rank}: tensor[:4] = {tensor[:4].tolist()}, right: {torch.allclose(tensor, expected)}")
     finally:
         dist.destroy_process_group()
 

@@ -20,6 +20,7 @@ HINTS = {
 SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce", "formula"}   # formula: "2(N-1)/N x S", never a number
 HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contribution": "cause.contribution_hidden",
                    "cause.p2p_unmatched": "cause.p2p_unmatched_generic", "cause.p2p_too_long": "cause.p2p_too_long_generic",
+                   "cause.p2p_too_short": "cause.p2p_too_short_generic", "cause.p2p_dtype": "cause.p2p_dtype_generic",
                    **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"
                       for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole",
                                "chunk", "dtype")}}

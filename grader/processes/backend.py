@@ -20,6 +20,7 @@ methods taken from torch._C.TensorBase, so a student's mode or patched Tensor ca
 """
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -288,7 +289,9 @@ def _student_frame() -> dict:
     while frame is not None:
         code = frame.f_code
         if code.co_filename in filenames:
-            return {"line": frame.f_lineno, "function": code.co_name, "api": api, "async": async_op}
+            written = code.co_filename != getattr(_LINK, "filename", None)
+            return {"line": frame.f_lineno, "function": code.co_name, "api": api, "async": async_op,
+                    **({"file": os.path.relpath(code.co_filename, os.getcwd())} if written else {})}
         if "torch/distributed" in code.co_filename:
             qualname = getattr(code, "co_qualname", code.co_name)
             if "<locals>" not in qualname and not qualname.startswith("_") and "._" not in qualname:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import linecache
 import os
 import sys
@@ -50,7 +51,8 @@ class RankLink(backend.Link):
 
     def __init__(self, spec: dict, channel: Channel):
         self.spec, self.channel = spec, channel
-        self.filenames = {spec["filename"], *spec.get("written", ())}
+        self.filename = spec["filename"]
+        self.filenames = {spec["filename"]}
         self.budget = values.Budget()
         self.entry_codes: set = set()
         self.snapped: dict[str, tuple] = {}
@@ -119,9 +121,9 @@ def _student_new_group(*args, **kwargs):
 
 def _student_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     """torch allows monitored_barrier on gloo only, by its name: on the switch's group it is a barrier."""
-    pg = group if group is not None else c10d._get_default_group()
-    if dist.is_initialized() and isinstance(pg, backend.GraderProcessGroup):
-        return pg.monitored_barrier(timeout or timedelta(seconds=1800), wait_all_ranks)
+    if dist.is_initialized() and dist.get_backend(group) == backend.NAME:
+        pg = group if group is not None else c10d._get_default_group()
+        return pg.barrier()
     return _ORIGINALS["monitored_barrier"](group, timeout, wait_all_ranks)
 
 
@@ -145,6 +147,13 @@ def install_hooks() -> None:
 
 # ------------------------------------------------------------------------------------------------
 
+def _file(filename: str) -> dict:
+    """A frame's file when it is one a notebook cell wrote (as the notebook names it), not the submission."""
+    if _LINK is None or filename == _LINK.filename:
+        return {}
+    return {"file": os.path.relpath(filename, os.getcwd())}
+
+
 def _error_record(err: BaseException, filenames) -> dict:
     frames = []
     tb = err.__traceback__
@@ -153,7 +162,7 @@ def _error_record(err: BaseException, filenames) -> dict:
         if code.co_filename in filenames:
             frames.append({"line": tb.tb_lineno, "function": code.co_name,
                            "text": linecache.getline(code.co_filename, tb.tb_lineno).strip()[:200],
-                           **({"file": os.path.basename(code.co_filename)} if len(filenames) > 1 else {})})
+                           **_file(code.co_filename)})
         tb = tb.tb_next
     try:
         message = str(err)[:2000]
@@ -182,6 +191,20 @@ def _load_submission(spec: dict) -> types.ModuleType:
     sys.modules["submission"] = module
     exec(compile(tree, filename, "exec"), module.__dict__)
     return module
+
+
+def _entry(module: types.ModuleType, spec: dict):
+    """The entry function: the submission's own, or the one a notebook cell wrote into a file and the
+    notebook imports (`from dist_worker import run_worker`, or `import dist_worker`: static.entry_origin)."""
+    entry = getattr(module, spec["entry"], None)
+    if entry is None and spec.get("files"):
+        origin = static.entry_origin(ast.parse(spec["source"]), spec["entry"], spec["files"])
+        if origin is not None:
+            written = importlib.import_module(origin[0][:-3].replace("/", "."))
+            entry = getattr(written, origin[1])
+    if entry is None:
+        raise AttributeError(f"module 'submission' has no attribute '{spec['entry']}'")
+    return entry
 
 
 def _entry_codes(entry, name: str, filenames) -> set:
@@ -273,7 +296,7 @@ def run(spec: dict, channel: Channel) -> None:
     try:
         _write_files(spec)
         module = _load_submission(spec)
-        entry = getattr(module, entry_name)
+        entry = _entry(module, spec)
         if not callable(entry):
             raise TypeError(f"{entry_name} is not a function")
     except BaseException as err:  # noqa: BLE001

@@ -146,7 +146,7 @@ class Switch:
                     peer=peer, tag=tag, sends=sends, receives=receives, splits=splits,
                     device=_opt_str(h.get("device"), 16) or "cpu", entered_at=self.clock,
                     line=h.get("line") if _int(h.get("line"), 0, 1 << 31) else None,
-                    function=_opt_str(h.get("function")), api=_opt_str(h.get("api")),
+                    file=_opt_str(h.get("file"), 100), function=_opt_str(h.get("function")), api=_opt_str(h.get("api")),
                     async_op=h.get("async") if isinstance(h.get("async"), bool) else None,
                     gname=_opt_str(h.get("gname")) or "")
         call.inputs = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in args.flat_in] if sends else []
@@ -253,8 +253,9 @@ class Switch:
         recv.source = g_send
         problem = ops.check_message((send, s_args), (recv, r_args))
         if problem is not None:
-            self._fail(send, problem)
-            self._fail(recv, problem)
+            for call in (send, recv):
+                call.problem = problem[1]
+                self._fail(call, problem[0])
             return
         data = self._entered(send, s_args)[0]
         self.clock += 1

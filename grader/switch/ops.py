@@ -223,25 +223,31 @@ class AllGather(Family):
         outputs = args.outputs
         if not inputs:
             raise OpError(f"{name}: requires non-empty input tensor list")
-        if not _is_list(outputs) or len(outputs) != len(inputs):
-            raise OpError(f"{name}: requires input/output tensor lists to have the same length")
         for t in inputs:
             _gloo_type(t, call.method)
+        if call.method == "allgather_coalesced":   # one list per rank, holding a tensor per input
+            if not _is_list(outputs) or len(outputs) != n:
+                raise OpError(f"{name}: output lists should be equal to world size")
+            for out_list in outputs:
+                out_list = _tensor_list(out_list, "output_tensors")
+                if len(out_list) != len(inputs):
+                    raise OpError(f"{name}: requires input/output tensor lists to have the same length")
+                for j, (o, e) in enumerate(zip(out_list, inputs)):
+                    if (o.dtype, o.shape) != (e.dtype, e.shape):
+                        raise OpError(f"{name}: invalid size of output tensor at index {j} (expected length "
+                                      f"{shape_text(e.shape)}, got {shape_text(o.shape)})")
+            return
+        if not _is_list(outputs) or len(outputs) != len(inputs):
+            raise OpError(f"{name}: requires input/output tensor lists to have the same length")
         for i, out_list in enumerate(outputs):
             out_list = _tensor_list(out_list, "output_tensors")
-            if call.method == "allgather_coalesced":
-                want, expected = n, [inputs[i]] * n
-            else:
-                want, expected = len(inputs) * n, [inputs[j % len(inputs)] for j in range(len(inputs) * n)]
+            want, expected = len(inputs) * n, [inputs[j % len(inputs)] for j in range(len(inputs) * n)]
             if len(out_list) != want:
                 raise OpError(f"{name}: invalid output tensor list at index {i} (expected length {want}, got {len(out_list)})")
             for j, (o, e) in enumerate(zip(out_list, expected)):
                 if o.dtype != e.dtype:
                     raise OpError(f"{name}: invalid tensor type at index {j} (expected {e.dtype}, got {o.dtype})")
                 if o.shape != e.shape:
-                    if call.method == "allgather_coalesced":
-                        raise OpError(f"{name}: invalid size of output tensor at index {j} (expected length "
-                                      f"{shape_text(e.shape)}, got {shape_text(o.shape)})")
                     raise OpError(f"{name}: invalid tensor size at index {j} (expected {shape_text(e.shape)}, got "
                                   f"{shape_text(o.shape)})")
 
@@ -253,10 +259,10 @@ class AllGather(Family):
                 m = ins[0][0].size
                 data = np.concatenate([ins[g][0] for g in range(n)]) if n else np.zeros(0)
                 out.append(([data], [[Piece(g * m, m, ((g, 0, 0),)) for g in range(n)]]))
-            elif method == "allgather_coalesced":
+            elif method == "allgather_coalesced":   # outputs[g][i]: input i of rank g
                 arrays, pieces = [], []
-                for i in range(len(args.outputs)):
-                    for g in range(n):
+                for g in range(n):
+                    for i in range(len(args.flat_in)):
                         arrays.append(ins[g][i].copy())
                         pieces.append([Piece(0, ins[g][i].size, ((g, i, 0),))])
                 out.append((arrays, pieces))
@@ -499,16 +505,16 @@ def check_p2p(call: Call, args: Args, n: int) -> None:
                           f"{call.op}({'dst' if call.op == 'send' else 'src'}={call.peer})")
 
 
-def check_message(send: tuple[Call, Args], recv: tuple[Call, Args]) -> str | None:
-    """Why a message cannot land in the buffer posted for it (None: it fits)."""
+def check_message(send: tuple[Call, Args], recv: tuple[Call, Args]) -> tuple[str, dict] | None:
+    """Why a message cannot land in the buffer posted for it, and the figures (None: it fits)."""
     s, r = send[1].flat_in[0], recv[1].flat_out[0]
-    if s.numel > r.numel:
+    facts = {"sender": send[0].rank, "receiver": recv[0].rank, "sent": s.numel, "room": r.numel,
+             "sent_dtype": s.dtype, "room_dtype": r.dtype}
+    if s.numel != r.numel:
+        exactly = "as large as" if s.numel > r.numel else "exactly as large as"
         return (f"rank {send[0].rank} sent rank {recv[0].rank} a message of {s.numel} elements into a receive buffer "
-                f"of {r.numel}: the receive buffer must be as large as what is sent")
-    if s.numel < r.numel:
-        return (f"rank {send[0].rank} sent rank {recv[0].rank} a message of {s.numel} elements into a receive buffer "
-                f"of {r.numel}: the receive buffer must be exactly as large as what is sent")
+                f"of {r.numel}: the receive buffer must be {exactly} what is sent"), facts
     if s.dtype != r.dtype:
         return (f"rank {send[0].rank} sent {s.dtype} to rank {recv[0].rank}, whose receive buffer is {r.dtype}: "
-                f"the dtypes must match")
+                f"the dtypes must match"), facts
     return None

@@ -47,6 +47,7 @@ class Call:
     completed: bool = False
     ok: bool = False
     error: str | None = None
+    problem: dict | None = None     # a message that did not fit its receive buffer: the figures (ops.check_message)
     source: int | None = None       # a receive from any source: the sender's group rank
     delivered: list = field(default_factory=list)               # descriptors of what was delivered
     delivered_arrays: list = field(default_factory=list, repr=False)
@@ -59,6 +60,7 @@ class Call:
     retained: bool = True           # False: over the grader's memory budget, sizes kept but not values
     # the rank's own words (hints for feedback, never evidence)
     line: int | None = None
+    file: str | None = None         # a file a notebook cell wrote (None: the submission itself)
     function: str | None = None
     api: str | None = None
     async_op: bool | None = None

@@ -47,6 +47,12 @@ def preview(values, runs: int = 4) -> str:
     return f"[{shown}]"
 
 
+def at(call: Call) -> dict:
+    """Where the student's code started an operation, as notes name it: its line, and the file when it is one
+    a notebook cell wrote (feedback/lines.py places it in that cell)."""
+    return {"line": call.line or "?", **({"file": call.file} if call.file else {})}
+
+
 def op_name(call: Call | None) -> str:
     """The operation as the student wrote it: the public function they called, else the operation."""
     if call is None:
@@ -128,14 +134,14 @@ def last_call(record: RankRecord, failure: Note) -> list[Note]:
         return [Note("detail.no_collective", {"rank": record.rank})]
     last = record.calls[-1]
     return [Note("detail.last_collective", {"rank": record.rank, "op": op_name(last), "n": last.seq + 1,
-                                            "line": last.line or "?"})]
+                                            **at(last)})]
 
 
 def _where(record: RankRecord, key: str) -> Note:
     inside = record.inside
     if inside is not None:
         return Note(key + "_inside", {"rank": record.rank, "op": op_name(inside), "n": inside.seq + 1,
-                                      "line": inside.line or "?"})
+                                      **at(inside)})
     return Note(key + "_outside", {"rank": record.rank})
 
 
@@ -171,7 +177,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
         notes.append(Note("cause.integer_dtype", {**label, "dtype": value.dtype}))
     for call in calls:
         if call.reduce not in (None, "SUM", "AVG"):
-            notes.append(Note("cause.reduce_op", {**label, "op": op_name(call), "reduce": call.reduce, "line": call.line or "?"}))
+            notes.append(Note("cause.reduce_op", {**label, "op": op_name(call), "reduce": call.reduce, **at(call)}))
             break
     used_through = bool(calls)   # value patterns say something only if the value went through its operation
     if data is not None and data.size == expected.size and value.floating and used_through:
@@ -248,7 +254,7 @@ def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]
         if flat.size == local.size and not all_close(flat, local, "torch.float64") \
                 and not all_close(flat, local / ws, "torch.float64"):
             return [Note("cause.contribution", {"quantity": quantity.name, "rank": record.rank, "op": op_name(call),
-                                                "line": call.line or "?", "sent": preview(flat), "own": preview(local)})]
+                                                **at(call), "sent": preview(flat), "own": preview(local)})]
     return []
 
 
@@ -299,7 +305,7 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
         if others:
             used = sorted({op_name(c) for c in others})
             notes.append(Note("cause.other_op", {"quantity": quantity.name, "ops": list(quantity.through),
-                                                  "used": used, "line": others[0].line or "?"}))
+                                                  "used": used, **at(others[0])}))
             rooted = next((c for c in others if c.op in ("reduce", "gather")), None)
             if rooted is not None:
                 notes.append(Note("cause.rooted_op", {"op": op_name(rooted)}))
@@ -386,26 +392,25 @@ def global_peer(call: Call, peer: int | None) -> int | None:
     return call.group[peer] if call.group and 0 <= peer < len(call.group) else peer
 
 
-def oversized_message(run: RunOutcome) -> Note | None:
-    """A rank aborted (SIGABRT) while receiving a message longer than its buffer: gloo kills the receiver,
-    no Python exception. The k-th receive from a peer (and tag) gets the peer's k-th send to this rank."""
+def p2p_mismatch(run: RunOutcome) -> list[Note]:
+    """Messages that did not fit the receive buffer posted for them, as the switch measured them (it fails
+    both calls and names the figures; gloo would abort the receiver, SIGABRT, or fill part of the buffer):
+    the first of each kind."""
+    found: dict[str, Note] = {}
     for rec in run.ranks:
-        if (rec.exit or {}).get("signal") != signal.SIGABRT:
-            continue
         for call in rec.calls:
-            if call.op != "recv" or call.completed or call.peer is None:
+            facts = call.problem
+            if call.op != "recv" or not facts:
                 continue
-            peer = global_peer(call, call.peer)
-            if peer is None or not 0 <= peer < len(run.ranks):
-                continue
-            mine = [c for c in rec.calls if c.op == "recv" and c.tag == call.tag and global_peer(c, c.peer) == peer]
-            theirs = [c for c in run.ranks[peer].calls if c.op == "send" and c.tag == call.tag
-                      and global_peer(c, c.peer) == rec.rank]
-            k = mine.index(call)
-            room = sum(int(d.get("numel") or 0) for d in call.outputs or [])
-            if k < len(theirs) and theirs[k].sent_numel > room:
-                return Note("cause.p2p_too_long", {"rank": rec.rank, "peer": peer, "sent": theirs[k].sent_numel, "room": room})
-    return None
+            params = {"rank": facts["receiver"], "peer": facts["sender"], "sent": facts["sent"], "room": facts["room"]}
+            if facts["sent"] > facts["room"]:
+                found.setdefault("long", Note("cause.p2p_too_long", params))
+            elif facts["sent"] < facts["room"]:
+                found.setdefault("short", Note("cause.p2p_too_short", params))
+            else:
+                found.setdefault("dtype", Note("cause.p2p_dtype", {**params, "sent_dtype": facts["sent_dtype"],
+                                                                   "room_dtype": facts["room_dtype"]}))
+    return list(found.values())
 
 
 def unmatched_receive(run: RunOutcome) -> Note | None:

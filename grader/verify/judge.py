@@ -183,7 +183,7 @@ class Judge:
         mismatch = diagnose.mismatched_calls(run)
         if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
             notes.append(mismatch)
-        for cause in (diagnose.blocked_in_send(run), diagnose.unmatched_receive(run), diagnose.oversized_message(run)):
+        for cause in (diagnose.blocked_in_send(run), diagnose.unmatched_receive(run), *diagnose.p2p_mismatch(run)):
             if cause is not None:
                 notes.append(cause)
         for op in quantity.through:
@@ -278,7 +278,7 @@ class Judge:
             used = next((c for c in record.calls if c.op in forbidden), None)
             if used is not None:
                 notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
-                                                        "line": used.line or "?"}))
+                                                        **diagnose.at(used)}))
                 notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
@@ -351,7 +351,7 @@ class Judge:
                          for record in run.ranks for c in record.calls if c.op in spec.forbid), None)
             if used is not None:
                 results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
-                    Note("static.forbidden_at_run", {"op": diagnose.op_name(used), "line": used.line or "?"}),
+                    Note("static.forbidden_at_run", {"op": diagnose.op_name(used), **diagnose.at(used)}),
                     *diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))])
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..switch import Call
 from ..switch.perturb import perturbable
+from .diagnose import at
 from .observe import RunContext, RunView
 
 MAX_DEPTH = 12
@@ -363,7 +364,7 @@ class Tracer:
         """Weights of each rank's own data in delivered elements `positions` of output k of `call`."""
         terms = self.view.sources(call, k, positions)
         if isinstance(terms, str):
-            return Finding(terms, {"rank": call.rank, "op": call.op, "line": call.line, "reduce": call.reduce})
+            return Finding(terms, {"rank": call.rank, "op": call.op, **at(call), "reduce": call.reduce})
         W = np.zeros((self.ws, positions.size))
         delivered = call.delivered_values()[k]
         expected = np.zeros(positions.size)
@@ -377,7 +378,7 @@ class Tracer:
         # What was delivered is what entered the operation, combined as the switch records it: anything
         # else is a record that does not hold together (never expected: the switch computed both).
         if delivered is None or not np.all(self._close(delivered[positions], expected)):
-            return Finding("inconsistent", {"rank": call.rank, "op": call.op, "line": call.line, "n": call.seq + 1})
+            return Finding("inconsistent", {"rank": call.rank, "op": call.op, **at(call), "n": call.seq + 1})
         for term in terms:
             mask = term.sent_positions >= 0
             sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
@@ -401,7 +402,7 @@ class Tracer:
         idx = self.index[term.rank, I]
         local = self.locals[term.rank]
         own = local[np.clip(idx, 0, max(0, local.size - 1))] if local.size else np.zeros(0)
-        return Finding("contribution", {"rank": term.rank, "op": term.call.op, "line": term.call.line,
+        return Finding("contribution", {"rank": term.rank, "op": term.call.op, **at(term.call),
                                         "n": term.call.seq + 1, "sent": sent[pos][:4096].tolist(),
                                         "own": own[:4096].tolist()})
 
