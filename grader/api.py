@@ -116,7 +116,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         shown = ws_runs.real or ws_runs.clean   # what the student's code printed (never a perturbed run's numbers)
         if shown is not None:
             result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in shown.ranks if rec.output_total]
-        if real_backend and ws_runs.real is None and plan.backend_for(visible[0], backend, runner.gpus) is None:
+        if real_backend and backend == "nccl" and ws_runs.real is None and plan.backend_for(visible[0], backend, runner.gpus) is None:
             result.summary.append(Note("backend.nccl_unavailable", {"ws": visible[0], "gpus": runner.gpus}))
     return result
 

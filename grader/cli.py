@@ -31,8 +31,10 @@ def _limits(args) -> Limits:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lang", choices=("zh", "en"), default=None, help="feedback language (default: from LANG, else zh)")
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="auto: nccl when at least world_size GPUs are visible, else gloo")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl", "none"), default="auto",
+                   help="the real backend the code also runs on, at the visible world size (grading itself goes "
+                        "through the grader's switch): auto = nccl when at least world_size GPUs are visible, else "
+                        "gloo; none = no real-backend run")
     p.add_argument("--time-limit", type=float, default=Limits.wall_s, help="seconds per run (default %(default)s)")
     p.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="address space per rank (default %(default)s)")
     p.add_argument("--memory-total-mb", type=int, default=0,

@@ -167,6 +167,6 @@ PRELOAD_WITH = {
     "torch.distributed._functional_collectives": ("torch._dynamo",),
     "torch.optim": ("torch._dynamo",),
     "torch.nn.parallel": ("torch._dynamo",),
-    "torch.compile": ("torch._dynamo",),
+    "torch.compile": ("torch._dynamo", "torch._inductor.compile_fx"),
     "torch.distributed.tensor": ("torch._dynamo",),
 }

@@ -50,7 +50,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     gpus = runner.gpus if backend != "gloo" else 0
     names = tuple(q.name for q in exercise.quantities)
     visible = exercise.visible_world_sizes[:1]
-    real_at = visible[0] if real and visible and visible[0] in world_sizes else None
+    real_at = visible[0] if real and backend != "none" and visible and visible[0] in world_sizes else None
     real_backend = backend_for(real_at, backend, gpus) if real_at is not None else None
     if real_backend is None:   # NCCL asked for, too few GPUs: no real-backend run (api.py says so)
         real_at = None
@@ -65,11 +65,16 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     every = perturbed_ops(exercise)
     first = [request(ws, every, "perturbed") for ws in world_sizes]
     early = sorted(ws for ws in world_sizes if show_output and self_checks)
+    if show_output and real_at is None and visible and visible[0] in world_sizes and visible[0] not in early:
+        early.append(visible[0])   # no real-backend run: the clean run's output is what the report shows
     first += [request(ws, (), "clean") for ws in early]
     speculative = show_output and real_backend is not None
     if speculative:
         first.append(request(real_at, (), "real", "real"))
     runs = {ws: WorldSizeRuns(ws) for ws in world_sizes}
+    # torch.compile compiles C++ in every rank of every run (seconds of CPU each): one run at a time, or the
+    # runs of one grading would share the cores past their time limits
+    parallel = 1 if any(m.startswith(("torch._inductor", "torch.compile")) for m in preload) else None
 
     def watch(index: int, outcome):
         """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed."""
@@ -79,7 +84,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
             return [len(first) - 1]
         return ()
 
-    for outcome in runner.run_many(first, watch=watch):
+    for outcome in runner.run_many(first, watch=watch, parallel=parallel):
         entry = runs[outcome.request.world_size]
         if outcome.request.real:
             entry.real = outcome if outcome.stop != "cancelled" else None
@@ -88,20 +93,20 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
         else:
             entry.clean = outcome
     for ws in early:
-        if runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]):
+        if runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]) and (real_at is not None or ws not in visible):
             runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
     second = [request(ws, (), "clean") for ws, entry in runs.items()
               if entry.clean is None and not judge.proven(entry.perturbed[0])]
-    for outcome in runner.run_many(second) if second else []:
+    for outcome in runner.run_many(second, parallel=parallel) if second else []:
         runs[outcome.request.world_size].clean = outcome
     third = [request(ws, ops, "perturbed-" + "+".join(ops))
              for ws, entry in runs.items() for ops in judge.unobserved(entry)]
-    for outcome in runner.run_many(third) if third else []:
+    for outcome in runner.run_many(third, parallel=parallel) if third else []:
         runs[outcome.request.world_size].perturbed.append(outcome)
     if real_at is not None:
         entry = runs[real_at]
         if not (judge.ran_cleanly(entry) and judge.passes_any(exercise, entry)):
             entry.real = None   # it could cost nothing: the switch runs failed where it would
         elif entry.real is None:
-            entry.real = runner.run_many([request(real_at, (), "real", "real")])[0]
+            entry.real = runner.run_many([request(real_at, (), "real", "real")], parallel=parallel)[0]
     return runs

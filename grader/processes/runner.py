@@ -275,15 +275,15 @@ class Runner:
         self.close()
 
     # -- runs ---------------------------------------------------------------------------------
-    def run_many(self, requests: list[RunRequest], watch=None) -> list[RunOutcome]:
-        """Run every request (up to max_parallel at once) and return their outcomes, in order.
+    def run_many(self, requests: list[RunRequest], watch=None, parallel: int | None = None) -> list[RunOutcome]:
+        """Run every request (up to max_parallel at once, or `parallel`) and return their outcomes, in order.
         `watch(index, outcome)`, called as each run ends, may return indices of runs to cancel (stopped,
         or never started: their outcome says "cancelled")."""
         self._ready()
         queue = list(enumerate(requests))
         results: dict[int, RunOutcome] = {}
         active: dict[int, tuple[int, _Run]] = {}
-        free_slots = list(range(self.max_parallel))
+        free_slots = list(range(min(self.max_parallel, parallel or self.max_parallel)))
         sel = self._sel = selectors.DefaultSelector()
 
         def cancel(indices) -> None:
@@ -334,12 +334,12 @@ class Runner:
         layers = self._ready()["layers"]
         namespaces = layers["namespaces"] and self.use_sandbox
         drop = layers["root"] and self.use_sandbox and self.uid_block is not None
-        # A uid for each rank of a graded run (no rank can signal, trace or read another), one for all the
-        # ranks of a real-backend run (NCCL's shared memory between them).
+        # A uid for each rank (no rank can signal, trace or read another, or see it in /proc); one for all the
+        # ranks of a real NCCL run (its shared memory between them).
         uids = None
         if drop:
-            uids = [self.next_uid() for _ in range(request.world_size)] if not request.real else \
-                [self.next_uid()] * request.world_size
+            uids = [self.next_uid() for _ in range(request.world_size)] if not request.cuda or not request.real \
+                else [self.next_uid()] * request.world_size
         # With namespaces: the mount point of the run's new root (its /tmp is a tmpfs in there). Without:
         # the ranks' working folder itself, on the host's disk.
         workdir = Path(tempfile.mkdtemp(prefix=f"run{slot}-", dir=self.base))

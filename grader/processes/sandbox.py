@@ -24,6 +24,7 @@ import functools
 import os
 import resource
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -333,50 +334,115 @@ def _readonly_flags(have: int, device_nodes: bool = False) -> int:
     return flags
 
 
+COPY_BYTES = 1 << 20   # a file of the shared tree up to this size is copied into a run's root, not bound
+
+
 @functools.lru_cache(maxsize=None)
 def _host(path: str, symlink: bool) -> tuple | None:
     """How host `path` is placed in every run's root, looked up once per zygote (it builds a root for each
-    run): None (missing), ("link", target), or ("bind", source, is_dir, statvfs flags of its mount).
-    `symlink`: a symbolic link is copied as a link rather than followed."""
+    run): None (missing), ("link", target), ("copy", bytes, mode) for a small regular file, ("device",
+    st_rdev, mode), or ("bind", source, is_dir, statvfs flags of its mount). `symlink`: a symbolic link is
+    copied as a link rather than followed."""
     if not os.path.lexists(path):
         return None
     if symlink and os.path.islink(path):
         return ("link", os.readlink(path))
     source = os.path.realpath(path)
-    return ("bind", source, os.path.isdir(path), os.statvfs(source).f_flag)
+    info = os.stat(source)
+    if stat.S_ISCHR(info.st_mode):
+        return ("device", info.st_rdev, stat.S_IMODE(info.st_mode), os.statvfs(source).f_flag)
+    if stat.S_ISREG(info.st_mode) and info.st_size <= COPY_BYTES:
+        try:
+            with open(source, "rb") as f:
+                return ("copy", f.read(COPY_BYTES + 1), stat.S_IMODE(info.st_mode))
+        except OSError:
+            pass
+    return ("bind", source, stat.S_ISDIR(info.st_mode), os.statvfs(source).f_flag)
 
 
-def _place(path: str, root: str, device: bool = False, follow: bool = False) -> None:
+class Placement:
+    """How a run's root was built: whether every file in it is the run's own (folders as read-only overlays,
+    small files copied, device nodes made for the run). Then no inode is shared with another run, and a file
+    lock in one run can never be seen from another (the seccomp filter lets locks through: torch.compile
+    takes some)."""
+
+    def __init__(self, overlays: bool, empty: str | None):
+        self.overlays, self.empty = overlays, empty
+        self.private = overlays
+
+    def folder(self, source: str, target: str, have: int) -> None:
+        if self.overlays:
+            try:   # a read-only overlay: the files are the host's, the inodes the run's own
+                mount("overlay", target, "overlay", MS_RDONLY | MS_NOSUID | MS_NODEV,
+                      f"lowerdir={_escape(source)}:{_escape(self.empty)}")
+                return
+            except OSError:
+                pass
+        self.private = False
+        mount(source, target, None, MS_BIND | MS_REC)
+        mount(None, target, None, _readonly_flags(have))
+
+
+def _escape(path: str) -> str:
+    return path.replace("\\", "\\\\").replace(":", "\\:").replace(",", "\\,")
+
+
+def _place(path: str, root: str, how: Placement, device: bool = False, follow: bool = False) -> None:
     """Make host `path` appear read-only at the same path below `root`: a symlink is copied as a symlink
-    (unless `follow`: then what it points to is bound at the link's path), a folder or file is
-    bind-mounted. Missing paths are skipped."""
+    (unless `follow`: then what it points to is placed at the link's path), a folder is an overlay of it
+    (or bind-mounted, where overlays cannot be made), a small file is copied, a device node is made (or
+    bound, without the privilege to make one). Missing paths are skipped."""
     host = _host(path, not (device or follow))
     if host is None:
         return
     target = root + path
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    if host[0] == "link":
+    kind = host[0]
+    if kind == "link":
         os.symlink(host[1], target)
         return
+    if kind == "copy":
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, host[2] & 0o555)
+        try:
+            os.write(fd, host[1])
+        finally:
+            os.close(fd)
+        return
+    if kind == "device":
+        try:
+            os.mknod(target, stat.S_IFCHR | host[2], host[1])
+            os.chmod(target, host[2])   # not the umask's
+            return
+        except OSError:   # no privilege to make one (a user namespace): the host's node, shared
+            how.private = False
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            mount(path, target, None, MS_BIND)
+            mount(None, target, None, _readonly_flags(host[3], device_nodes=True))
+            return
     _, source, is_dir, have = host
     if is_dir:
         os.makedirs(target, exist_ok=True)
-    else:
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        how.folder(source, target, have)
+        return
+    how.private = False
+    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
     mount(source, target, None, MS_BIND | MS_REC)
     mount(None, target, None, _readonly_flags(have, device_nodes=device))
 
 
-def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> None:
+def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False, empty: str | None = None) -> bool:
     """Build the ranks' whole filesystem on a tmpfs mounted at `target`, in this (private) mount namespace:
     the system folders, a few files of /etc, the interpreter's folders (`code`), all read-only; /tmp a tmpfs
     of `tmp_mb` MiB, also seen at /var/tmp and /dev/shm; /dev with null, zero, full, random, urandom.
-    Nothing else: no checkout, no class folder, no results, no other run. enter_root() moves into it."""
-    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    Nothing else: no checkout, no class folder, no results, no other run. enter_root() moves into it.
+    `empty`: an empty host folder, the second layer of each read-only overlay. Returns whether every file of
+    the root is the run's own (Placement): a CUDA run's /sys and GPU nodes are the host's."""
+    how = Placement(overlays=empty is not None, empty=empty)
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=2m")
     for name in SYSTEM_DIRS:
-        _place(f"/{name}", target)
+        _place(f"/{name}", target, how)
     for name in ETC_FILES:
-        _place(f"/etc/{name}", target)
+        _place(f"/etc/{name}", target, how)
     os.makedirs(f"{target}/etc", exist_ok=True)
     for name, text in ETC_WRITTEN.items():
         with open(f"{target}/etc/{name}", "w") as f:
@@ -388,14 +454,15 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> N
     os.makedirs(f"{target}/var/tmp")
     mount(tmp, f"{target}/var/tmp", None, MS_BIND)
     os.mkdir(dev)
-    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC | MS_NODEV, "mode=0755,size=64k")
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
     for node in DEV_NODES:
-        _place(f"/dev/{node}", target, device=True)
+        _place(f"/dev/{node}", target, how, device=True)
     if cuda:
+        how.private = False
         for name in sorted(os.listdir("/dev")):
             if name.startswith("nvidia"):
-                _place(f"/dev/{name}", target, device=True)
-        _place("/sys", target)
+                _place(f"/dev/{name}", target, how, device=True)
+        _place("/sys", target, how)
     os.mkdir(f"{dev}/shm")
     mount(tmp, f"{dev}/shm", None, MS_BIND)
     for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
@@ -404,14 +471,15 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False) -> N
     os.mkdir(f"{target}/proc")
     for path in code:  # last: an interpreter may live below /tmp (a venv inside a checkout in /tmp)
         if not any(_inside(path, f"/{name}") for name in SYSTEM_DIRS):
-            _place(path, target, follow=True)
+            _place(path, target, how, follow=True)
+    return how.private
 
 
 def isolate_rank(tmp_mb: int) -> None:
     """Called by a rank of a graded run, still privileged, before its uid changes: a network namespace, a
-    mount namespace with a /tmp of its own (also /var/tmp and /dev/shm) and an IPC namespace of its own, and
-    a /proc that shows only the processes of its own uid. Its socket to the grader, inherited, is then the
-    only way it has to another rank: no shared network, file, store or memory."""
+    mount namespace with a /tmp of its own (also /var/tmp and /dev/shm) and an IPC namespace of its own (the
+    run's /proc shows a rank only its own uid's processes: enter_root). Its socket to the grader, inherited,
+    is then the only way it has to another rank: no shared network, file, store or memory."""
     unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC)
     loopback_up()
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -419,10 +487,6 @@ def isolate_rank(tmp_mb: int) -> None:
     for path in ("/var/tmp", "/dev/shm"):
         if os.path.isdir(path):
             mount("/tmp", path, None, MS_BIND)
-    try:   # best effort (a kernel before 5.8 has no per-mount hidepid)
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
-    except OSError:
-        pass
 
 
 def _pivot_root(new: str, old: str) -> None:
@@ -435,7 +499,10 @@ def _pivot_root(new: str, old: str) -> None:
 def enter_root(target: str) -> None:
     """Called by pid 1 of the run's pid namespace: a fresh /proc (only this run's processes), then `target`
     becomes / for this mount namespace and the old root is detached (unreachable from here on)."""
-    mount("proc", f"{target}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    try:   # a rank sees only its own uid's processes (each rank has a uid of its own)
+        mount("proc", f"{target}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible")
+    except OSError:   # a kernel before 5.8: every process of the run
+        mount("proc", f"{target}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chdir(target)
     _pivot_root(".", ".")
     _check(_libc.umount2(b".", MNT_DETACH), "umount old root")

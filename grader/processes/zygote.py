@@ -27,7 +27,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch  # noqa: F401  (the point of the zygote: imported once, shared by every fork)
+# torch.compile in a rank: no precompiled header (hundreds of MB, past a rank's file-size limit), no pool of
+# compile workers (processes a rank's budget has no room for), and scalar C++ kernels (the vectorized ones
+# take g++ ~10 s per rank to compile, the scalar ones ~2 s: a grading's tensors are small). Read when
+# inductor is imported; every run compiles afresh, in its own /tmp (no cache is shared between runs).
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+
+import torch  # noqa: E402,F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
 
 from .. import wire
@@ -48,7 +56,7 @@ CHECKOUT = str(Path(__file__).resolve().parents[2])
 # What a rank keeps of the grader's environment: nothing that could carry a TA's secrets.
 KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
-KEEP_PREFIXES = ("LC_", "NCCL_", "GLOO_", "TORCH_")
+KEEP_PREFIXES = ("LC_", "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_")
 
 
 def _gpu_count() -> int:
@@ -169,8 +177,10 @@ def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
         sandbox.apply_limits(limits, uid_limits=uid is not None, address_space=not req["cuda"])
         if uid is not None:
             sandbox.drop_privileges(uid)
-        if req.get("seccomp"):  # file locks are a channel between runs, unless this run's store needs them
-            seccomp.install(deny_locks=(req.get("store") or {}).get("kind") != "file")
+        if req.get("seccomp"):
+            # File locks are a channel between runs through a file they share: denied, unless every file of this
+            # run's root is its own (then torch.compile's locks work), or its file store needs them (no sandbox).
+            seccomp.install(deny_locks=not req.get("own_files") and (req.get("store") or {}).get("kind") != "file")
         elif req.get("no_new_privs"):
             seccomp.set_no_new_privs()
         os.chdir(req["cwd"])
@@ -200,7 +210,9 @@ def _leader(req: dict, fds: list[int], conn_fd: int, init: bool = False) -> None
             sandbox.join_cgroup(req["cgroup"])
         if req["namespaces"]:
             sandbox.enter_namespaces(req["user_namespace"], pid=not init)
-            sandbox.new_root(req["workdir"], req["limits"]["tmp_mb"], _CODE, cuda=req["cuda"])
+            # a root whose every file is the run's own: then file locks carry nothing between runs
+            req["own_files"] = sandbox.new_root(req["workdir"], req["limits"]["tmp_mb"], _CODE, cuda=req["cuda"],
+                                                empty=_EMPTY[0] if _EMPTY else None)
             os.chdir("/")  # pid 1's pivot_root moves this process's root and cwd along
         if init:
             # pid 1 gets only the signals it handles: SIGTERM from the supervisor ends it, and with it the run
@@ -359,11 +371,15 @@ def _stop_all_runs() -> None:
             time.sleep(0.1)
 
 
-_CODE: list[str] = []  # the interpreter's folders, bound read-only into every run's root
+_CODE: list[str] = []  # the interpreter's folders, placed read-only into every run's root
+_EMPTY: list[str] = []  # an empty folder: the second layer of a run's read-only overlays
 
 
 def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     _CODE[:] = sandbox.interpreter_paths(CHECKOUT)
+    empty = os.path.join(base, "empty")
+    os.makedirs(empty, mode=0o755, exist_ok=True)
+    _EMPTY[:] = [empty]
     layers = sandbox.probe(base, _CODE)
     PidNamespaces.setup(layers)
     rank.install_hooks()

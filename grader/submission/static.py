@@ -445,6 +445,8 @@ def _torch_modules(tree: ast.Module) -> list[str]:
             if qualified and qualified.startswith("torch."):
                 parts = qualified.split(".")
                 found.update(".".join(parts[:k]) for k in range(2, len(parts)))
+                if qualified in PRELOAD_WITH:   # torch.compile: a function, whose first use imports inductor
+                    found.add(qualified)
     for name in list(found):
         found.update(PRELOAD_WITH.get(name, ()))
     return sorted(found)[:48]
