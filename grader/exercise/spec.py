@@ -40,6 +40,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "value": ("world_size", "quantity"),
     "uses": ("world_size",),
     "traffic": ("world_size", "quantity"),
+    "counts": ("world_size", "op"),
+    "volume": ("world_size", "op", "quantity"),
+    "groups": ("world_size", "quantity"),
 }
 
 
@@ -68,6 +71,8 @@ class Quantity:
     provenance         whether the value must be proven to come from what the communication
                        delivered (False: a state the rank keeps, checked for its value only)
     context            local reads the run (what the rank sent and was delivered): local(rank, ws, ctx)
+    tolerance          the dtype whose tolerance values are compared with ("torch.float16": a float32 value
+                       computed from float16 communication); default: the dtype of the value
     """
     name: str
     local: Callable[[int, int], Sequence[float]] | None = None
@@ -79,6 +84,7 @@ class Quantity:
     provenance: bool = True
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
     context: bool = False
+    tolerance: str | None = None
     where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
     _expected: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
@@ -104,6 +110,8 @@ class Quantity:
                 validate.signature(name, field_name, fn, call, where)
         if self.label is not None:
             validate.words(f"Quantity({name!r}).label", self.label, where)
+        if self.tolerance is not None:
+            validate.dtypes(f"Quantity({name!r}).tolerance", (self.tolerance,), where)
 
     @property
     def uses_context(self) -> bool:
@@ -159,6 +167,17 @@ class Check:
          "uses":     at `world_size`, the quantities came through their operations and no forbidden
                      operation ran
          "traffic":  at `world_size`, point-to-point exchanges form the declared pattern (`params`)
+         "counts":   at `world_size`, how many times `op` completed on each rank (`params`: "count", an int
+                     or a function of the world size; "per": "rank" (default) or "all" ranks together;
+                     "at_most": True for a bound, not an exact count)
+         "volume":   at `world_size`, the dtype every `op` carried (`params`: "dtypes", the allowed ones)
+                     and the bytes a rank sent in them: at most one `quantity`'s elements in those dtypes
+                     (or `params["bytes"](ws, elements)`)
+         "groups":   at `world_size`, the groups operations span, with nodes of `params["node"]`
+                     consecutive ranks: the operations of `params["inside"]` each stay inside one node, and
+                     an operation that crosses nodes takes one rank per node (its leader)
+    counts, volume, groups and traffic count for a correct answer only: they pass when `quantity`'s value
+    check passes at the same world size (counts: when a `quantity` is named)
     """
     id: str
     kind: str
@@ -186,6 +205,7 @@ class Check:
         validate.ops(f"Check({self.id!r}).op", self.op, where, single=True)
         validate.ops(f"Check({self.id!r}).forbid", self.forbid, where)
         validate.needs(self, KINDS[self.kind])
+        validate.params(self)
 
     @property
     def visibility(self) -> str:

@@ -139,3 +139,38 @@ def quantity_named(what: str, name, quantities, where) -> None:
     known = [q.name for q in quantities]
     if name is not None and name not in known:
         raise DeclarationError("declare.missing_quantity", where, what=what, name=repr(name), known=known or "-")
+
+
+def dtypes(what: str, names, where) -> None:
+    from ..wire import DTYPES
+    for name in names:
+        if name not in DTYPES:
+            raise DeclarationError("declare.dtype", where, what=what, value=repr(name), known="torch.float16, torch.float32, ...")
+
+
+def params(check) -> None:
+    """The parameters each kind reads (counts, volume, groups), checked at load."""
+    p, where, cid = check.params or {}, check.where, check.id
+    if not isinstance(p, dict):
+        raise DeclarationError("declare.params", where, id=cid, field="params", value=repr(p)[:80])
+    if check.kind == "counts":
+        count = p.get("count")
+        if not (callable(count) or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)):
+            raise DeclarationError("declare.params", where, id=cid, field='params["count"]', value=repr(count))
+        if p.get("per", "rank") not in ("rank", "all"):
+            raise DeclarationError("declare.params", where, id=cid, field='params["per"]', value=repr(p.get("per")))
+    elif check.kind == "volume":
+        allowed = p.get("dtypes")
+        if not isinstance(allowed, (tuple, list)) or not allowed:
+            raise DeclarationError("declare.params", where, id=cid, field='params["dtypes"]', value=repr(allowed))
+        dtypes(f"Check({cid!r}).params['dtypes']", allowed, where)
+        if "bytes" in p and not callable(p["bytes"]):
+            raise DeclarationError("declare.params", where, id=cid, field='params["bytes"]', value=repr(p["bytes"])[:80])
+    elif check.kind == "groups":
+        node = p.get("node")
+        if isinstance(node, bool) or not isinstance(node, int) or node < 1:
+            raise DeclarationError("declare.params", where, id=cid, field='params["node"]', value=repr(node))
+        if check.world_size and check.world_size % node:
+            raise DeclarationError("declare.params", where, id=cid, field='params["node"]',
+                                   value=f"{node} (does not divide the world size {check.world_size})")
+        ops(f"Check({cid!r}).params['inside']", tuple(p.get("inside") or ()), where)

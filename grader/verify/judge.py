@@ -77,7 +77,7 @@ class Judge:
         outcome, detail = self.shape_ok(quantity, value, ws)
         if outcome is not Outcome.PASS:
             return outcome, detail
-        if not diagnose.all_close(value.data, quantity.expected_array(rank, ws), value.dtype):
+        if not diagnose.all_close(value.data, quantity.expected_array(rank, ws), quantity.tolerance or value.dtype):
             return Outcome.WRONG, "detail.values"
         return Outcome.PASS, None
 
@@ -91,7 +91,7 @@ class Judge:
         if run.stop != "grader_error" and any(run.request.perturbs(op) for op in quantity.through or OPS):
             value, _ = self.value(run.ranks[rank], quantity.name)
             if self.shape_ok(quantity, value, run.request.world_size)[0] is Outcome.PASS:
-                proof = Tracer(self.view(run), quantity, value.dtype).prove(rank, value.data)
+                proof = Tracer(self.view(run), quantity, quantity.tolerance or value.dtype).prove(rank, value.data)
         self._proofs[key] = proof
         return proof
 
@@ -157,6 +157,9 @@ class Judge:
         if check.kind == "traffic":
             from .traffic import evaluate_traffic
             return evaluate_traffic(self, check, runs)
+        from .kinds import EVALUATE
+        if check.kind in EVALUATE:
+            return EVALUATE[check.kind](self, check, runs)
         return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": f"unknown check kind {check.kind}"})])
 
     def evaluate_value(self, check: Check, runs: WorldSizeRuns) -> CheckResult:

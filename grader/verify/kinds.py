@@ -1,0 +1,155 @@
+"""Policy for "counts", "volume" and "groups" checks: what the switch measured of a run's collectives, against
+what the exercise declares (exercise/spec.py Check, its params).
+
+    counts   how many times an operation completed, per rank or in all ("one all-reduce per K micro-batches":
+             DDP's no_sync(), or accumulating by hand, against an all-reduce per micro-batch)
+    volume   the dtype each of those operations carried and the bytes a rank sent in them ("the all-reduce
+             moved float16: half the bytes of float32")
+    groups   which ranks each operation spans, nodes being blocks of consecutive ranks: what stays inside a
+             node, what crosses nodes and with how many ranks of each ("reduce in the node, all-reduce across
+             the leaders, broadcast in the node", against one flat all-reduce)
+
+Every figure is the switch's, never a rank's word. Like traffic checks, these count for a correct answer only:
+they pass when the check's quantity passes its value check at the same world size (counts: when it names one),
+so a count or a volume next to a locally computed answer earns nothing. Causes name the figures; hidden
+checks show their value-free variants (feedback/render.HIDDEN_VARIANTS).
+"""
+from __future__ import annotations
+
+import math
+
+from ..comm import OPS
+from ..exercise.spec import Check
+from ..model import CheckResult, Note, Outcome
+from ..wire import element_size
+from .diagnose import at, op_name
+
+
+def _run_of(runs):
+    return runs.clean or (runs.perturbed[0] if runs.perturbed else None)
+
+
+def _done(record, op: str) -> list:
+    return [c for c in record.calls if c.op == op and c.completed and c.ok]
+
+
+def _needs_value(judge, check: Check, runs) -> CheckResult | None:
+    """The check's quantity must pass its value check at this world size (None: it does, or none is named)."""
+    if not check.quantity:
+        return None
+    values = judge.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden,
+                                        world_size=check.world_size, quantity=check.quantity), runs)
+    if values.passed:
+        return None
+    return CheckResult(check, Outcome.WRONG, notes=[Note("cause.kind_needs_value", {"quantity": check.quantity})])
+
+
+def _start(judge, check: Check, runs):
+    run = _run_of(runs)
+    if run is None or run.stop == "grader_error":
+        return None, CheckResult(check, Outcome.GRADER_ERROR, notes=[
+            Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
+    return run, _needs_value(judge, check, runs)
+
+
+def evaluate_counts(judge, check: Check, runs) -> CheckResult:
+    run, early = _start(judge, check, runs)
+    if early is not None:
+        return early
+    p, n = check.params, run.request.world_size
+    want = int(p["count"](n)) if callable(p["count"]) else int(p["count"])
+    at_most = bool(p.get("at_most"))
+    counts = [len(_done(rec, check.op)) for rec in run.ranks]
+    got = sum(counts) if p.get("per", "rank") == "all" else None
+    details = [Note("detail.counts", {"rank": rec.rank, "op": check.op, "count": c}) for rec, c in zip(run.ranks, counts)]
+
+    def bad(c):
+        return c > want if at_most else c != want
+    if got is not None:
+        if bad(got):
+            return CheckResult(check, Outcome.WRONG, notes=[Note("cause.counts_all", {"op": check.op, "count": got,
+                                                                                     "expected": want})], details=details)
+    else:
+        wrong = [(rec, c) for rec, c in zip(run.ranks, counts) if bad(c)]
+        if wrong:
+            rec, c = max(wrong, key=lambda item: abs(item[1] - want))
+            key = "cause.counts_more" if c > want else "cause.counts_fewer"
+            return CheckResult(check, Outcome.WRONG, notes=[Note(key, {"rank": rec.rank, "op": check.op, "count": c,
+                                                                       "expected": want})], details=details)
+    return CheckResult(check, Outcome.PASS, check.points, [Note("pass.counts", {"op": check.op, "count": want,
+                                                                                "at_most": at_most})])
+
+
+def evaluate_volume(judge, check: Check, runs) -> CheckResult:
+    run, early = _start(judge, check, runs)
+    if early is not None:
+        return early
+    p, n = check.params, run.request.world_size
+    allowed = tuple(p["dtypes"])
+    elements = math.prod(judge.exercise.quantity(check.quantity).expected_shape(n))
+    bound = int(p["bytes"](n, elements)) if callable(p.get("bytes")) else elements * min(element_size(d) for d in allowed)
+    notes, details, most = [], [], 0
+    for rec in run.ranks:
+        calls = [c for c in _done(rec, check.op) if c.sends]
+        sent = sum(c.sent_bytes for c in calls)
+        most = max(most, sent)
+        details.append(Note("detail.volume", {"rank": rec.rank, "op": check.op, "count": len(calls), "sent": sent,
+                                              "dtypes": sorted({d for c in calls for d in c.sent_dtypes}) or ["-"]}))
+        other = next(((c, d) for c in calls for d in c.sent_dtypes if d not in allowed), None)
+        if other is not None and not any(n.key == "cause.volume_dtype" for n in notes):
+            call, dtype = other
+            notes.append(Note("cause.volume_dtype", {"rank": rec.rank, "op": op_name(call), **at(call), "dtype": dtype,
+                                                     "allowed": list(allowed), "size": element_size(dtype),
+                                                     "want": min(element_size(d) for d in allowed)}))
+        if sent > bound and not any(n.key == "cause.volume_bytes" for n in notes):
+            notes.append(Note("cause.volume_bytes", {"rank": rec.rank, "op": check.op, "sent": sent, "bound": bound,
+                                                     "count": len(calls)}))
+    if notes:
+        return CheckResult(check, Outcome.WRONG, notes=notes, details=details)
+    return CheckResult(check, Outcome.PASS, check.points, [Note("pass.volume", {"op": check.op, "allowed": list(allowed),
+                                                                                "sent": most, "bound": bound})])
+
+
+def evaluate_groups(judge, check: Check, runs) -> CheckResult:
+    run, early = _start(judge, check, runs)
+    if early is not None:
+        return early
+    p, n = check.params, run.request.world_size
+    node = int(p["node"])
+    inside = set(p.get("inside") or ())
+    quantity = judge.exercise.quantity(check.quantity)
+    size = math.prod(quantity.expected_shape(n))
+    notes, crossed = [], [0] * n
+    for rec in run.ranks:
+        for call in rec.calls:
+            if not (call.completed and call.ok) or OPS.get(call.op) is None:
+                continue
+            nodes = sorted({r // node for r in call.group})
+            if call.op in ("send", "recv"):
+                peer = call.group[call.peer] if call.peer is not None and call.peer < len(call.group) else None
+                if call.op == "send" and peer is not None and peer // node != rec.rank // node:
+                    crossed[rec.rank] += call.sent_bytes
+                continue
+            if len(nodes) > 1:
+                crossed[rec.rank] += call.sent_bytes
+            if call.op in inside and len(nodes) > 1 and not _named(notes, "cause.groups_inside"):
+                notes.append(Note("cause.groups_inside", {"rank": rec.rank, "op": op_name(call), **at(call),
+                                                          "ranks": list(call.group), "nodes": nodes}))
+            per_node = max(sum(1 for r in call.group if r // node == k) for k in nodes)
+            if len(nodes) > 1 and per_node > 1 and not _named(notes, "cause.groups_flat"):
+                notes.append(Note("cause.groups_flat", {"rank": rec.rank, "op": op_name(call), **at(call),
+                                                        "ranks": list(call.group), "k": per_node, "node": node}))
+    details = [Note("detail.groups", {"rank": r, "node": r // node, "crossed": crossed[r]}) for r in range(n)]
+    if notes:
+        return CheckResult(check, Outcome.WRONG, notes=notes, details=details)
+    leaders = [r for r in range(n) if crossed[r]]
+    return CheckResult(check, Outcome.PASS, check.points, [Note("pass.groups", {
+        "node": node, "nodes": n // node, "inside": sorted(inside) or ["-"], "crossed": sum(crossed),
+        "leaders": [str(r) for r in leaders] or ["-"], "size": size})], details=details)
+
+
+def _named(notes: list, key: str) -> bool:
+    return any(n.key == key for n in notes)
+
+
+EVALUATE = {"counts": evaluate_counts, "volume": evaluate_volume, "groups": evaluate_groups}
