@@ -31,6 +31,8 @@ class Outcome(str, enum.Enum):
     FILE_LIMIT = "file_limit"
     PROCESS_LIMIT = "process_limit"
     OUTPUT_LIMIT = "output_limit"
+    TRAFFIC_LIMIT = "traffic_limit"      # more through the switch than a run allows
+    PROTOCOL = "protocol"                # a rank sent the grader what no honest rank sends
     MISSING = "missing"                  # no value to check (nothing returned, no such local)
     BAD_TYPE = "bad_type"                # not a plain torch.Tensor
     WRONG = "wrong"                      # wrong shape, dtype or values

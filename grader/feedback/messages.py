@@ -115,6 +115,10 @@ CATALOG: dict[str, tuple[str, str]] = {
     "fail.cpu": ("进程 {rank} 超出了 CPU 时间限制。", "Rank {rank} went over its CPU time limit."),
     "fail.file_size": ("进程 {rank} 写入的文件超出了大小限制。", "Rank {rank} wrote a file over the size limit."),
     "fail.processes": ("进程 {rank} 创建了太多进程或线程（进程数限制）。", "Rank {rank} started too many processes or threads (process limit)."),
+    "fail.traffic": ("进程 {rank} 经评分器的交换机发送的数据或通信次数超出了一次运行的上限，运行被停止。",
+                     "Rank {rank} passed more data, or more operations, through the grader's switch than a run allows: the run was stopped."),
+    "fail.protocol": ("进程 {rank} 向评分器发送了正常代码不会发送的数据（直接写入评分器的通信通道？），运行被停止。",
+                      "Rank {rank} sent the grader what no ordinary code sends (written straight onto the grader's channel?): the run was stopped."),
     "fail.output": ("进程 {rank} 的输出太多，超出了输出限制，运行被停止。", "Rank {rank} printed too much: the run was stopped at the output limit."),
     "fail.timeout_inside": ("超时：进程 {rank} 卡在第 {n} 个通信操作 {op}（第 {line} 行）里，等待其他进程。",
                             "Time limit: rank {rank} was stuck in its operation #{n}, {op} (line {line}), waiting for the other ranks."),
@@ -336,6 +340,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "hint.not_submitted": ("没有可以评分的代码。", "There is no code to grade."),
     "hint.grader_error": ("评分器出错，请联系助教。", "The grader failed: tell your TA."),
     "hint.forbidden": ("用了本练习不允许的操作。", "An operation this exercise does not allow was used."),
+    "hint.protocol": ("有进程向评分器发送了正常代码不会发送的数据。", "A rank sent the grader what no ordinary code sends."),
     "hint.real_backend": ("在真实的通信后端上运行时，代码失败了，或者得到了不同的结果。",
                           "On the real communication backend the code failed, or gave other results."),
     # --- structured parameters

@@ -14,6 +14,7 @@ HINTS = {
     Outcome.SYNTAX_ERROR: "hint.not_submitted", Outcome.NO_ENTRY: "hint.not_submitted",
     Outcome.GRADER_ERROR: "hint.grader_error", Outcome.NOT_CALLED: "hint.wrong", Outcome.FORBIDDEN: "hint.forbidden",
     Outcome.NO_EXERCISE: "hint.not_submitted", Outcome.REAL_BACKEND: "hint.real_backend",
+    Outcome.TRAFFIC_LIMIT: "hint.limit", Outcome.PROTOCOL: "hint.protocol",
 }
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.

@@ -28,6 +28,7 @@ from .record import Call
 RETAIN_BYTES = 48 << 20     # values kept per rank for verification (sizes are kept beyond it)
 TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run
 MAX_TENSORS = 4096          # tensors in one operation
+MAX_OPS = 100_000           # operations of one rank in one run (each is kept as a record)
 
 
 class ProtocolError(Exception):
@@ -35,7 +36,7 @@ class ProtocolError(Exception):
 
 
 class TrafficLimit(Exception):
-    """A rank passed more than TRAFFIC_BYTES through the switch."""
+    """A rank passed more than TRAFFIC_BYTES, or MAX_OPS operations, through the switch."""
 
 
 def _int(value, low: int, high: int) -> bool:
@@ -105,6 +106,8 @@ class Switch:
         seq, method = h.get("seq"), h.get("method")
         if seq != len(self.calls[rank]):
             raise ProtocolError("operations out of order")
+        if seq >= MAX_OPS:
+            raise TrafficLimit()
         spec = comm.METHODS.get(method) if isinstance(method, str) else None
         if spec is None or spec.backend and spec.backend.startswith("*"):
             raise ProtocolError(f"unknown method {str(method)[:40]!r}")

@@ -90,6 +90,10 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         return None
     if run.stop == "output_limit" and run.stop_rank == r:
         return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
+    if run.stop == "traffic_limit" and run.stop_rank == r:
+        return Outcome.TRAFFIC_LIMIT, Note("fail.traffic", {"rank": r})
+    if run.stop == "protocol" and run.stop_rank == r:
+        return Outcome.PROTOCOL, Note("fail.protocol", {"rank": r})
     exit_info = record.exit or {}
     sig = exit_info.get("signal")
     if sig == signal.SIGKILL and run.oom_killed:
@@ -111,7 +115,7 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         return Outcome.TIMEOUT, _where(record, "fail.timeout")
     if run.stop == "deadlock":
         return Outcome.DEADLOCK, _where(record, "fail.deadlock")
-    if run.stop in ("failfast", "output_limit"):
+    if run.stop in ("failfast", "output_limit", "traffic_limit", "protocol"):
         return Outcome.EXCEPTION, Note("fail.stopped", {"rank": r, "other": run.stop_rank})
     return Outcome.GRADER_ERROR, Note("fail.grader", {"rank": r})
 
