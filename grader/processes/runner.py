@@ -460,12 +460,9 @@ class Runner:
         self._flush(run, fd)
 
     def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
-        try:
-            chunk = os.read(fd, READ_CHUNK)
-        except (BlockingIOError, InterruptedError):
+        chunk = _read_chunk(fd)
+        if chunk is None:
             return
-        except OSError:
-            chunk = b""
         if not chunk:
             sel.unregister(fd)
             os.close(fd)
@@ -662,14 +659,7 @@ class Runner:
         """After the leader is gone: read what the sockets and pipes still hold (bounded), without waiting."""
         for fd, (role, r) in list(run.fd_role.items()):
             for _ in range(64):
-                if fd not in run.fd_role:
-                    break
-                try:
-                    chunk = os.read(fd, READ_CHUNK)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    chunk = b""
+                chunk = _read_chunk(fd) if fd in run.fd_role else b""
                 if not chunk:
                     break
                 self._feed(run, fd, role, r, chunk)
@@ -705,6 +695,16 @@ class Runner:
             run.outcome.stop = "grader_error"
             run.outcome.error = run.outcome.error or "the run ended before every rank reported"
         shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _read_chunk(fd: int) -> bytes | None:
+    """What a non-blocking descriptor holds now: None when nothing (yet), b"" at its end (or an error)."""
+    try:
+        return os.read(fd, READ_CHUNK)
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
 
 
 def _error(error) -> dict | None:

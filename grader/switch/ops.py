@@ -349,6 +349,17 @@ class Reduce(Family):
         return [([total.copy() for _ in range(k)], [pieces] * k) if g == root else ([], []) for g in range(n)]
 
 
+def _root_list(name: str, what: str, listing: list, like: T, n: int) -> None:
+    """The root's list of a gather or a scatter: one list of N tensors, each like `like`."""
+    if len(listing) != 1 or not _is_list(listing[0]) or len(listing[0]) != n:
+        got = len(listing[0]) if listing and _is_list(listing[0]) else 0
+        raise OpError(f"{name}: invalid {what} tensor list at index 0 (expected length {n}, got {got})")
+    for j, t in enumerate(listing[0]):
+        if (t.dtype, t.shape) != (like.dtype, like.shape):
+            raise OpError(f"{name}: invalid tensor size at index {j} (expected {shape_text(like.shape)}, got "
+                          f"{shape_text(t.shape)})")
+
+
 class Gather(Family):
     def check(self, call, args, n):
         inputs = _tensor_list(args.inputs, "input_tensors")
@@ -358,13 +369,7 @@ class Gather(Family):
         outputs = args.outputs if _is_list(args.outputs) else []
         me = call.group.index(call.rank)
         if me == call.root:
-            if len(outputs) != 1 or not _is_list(outputs[0]) or len(outputs[0]) != n:
-                got = len(outputs[0]) if outputs and _is_list(outputs[0]) else 0
-                raise OpError(f"ProcessGroupGloo::gather: invalid output tensor list at index 0 (expected length {n}, got {got})")
-            for j, t in enumerate(outputs[0]):
-                if (t.dtype, t.shape) != (inputs[0].dtype, inputs[0].shape):
-                    raise OpError(f"ProcessGroupGloo::gather: invalid tensor size at index {j} (expected "
-                                  f"{shape_text(inputs[0].shape)}, got {shape_text(t.shape)})")
+            _root_list("ProcessGroupGloo::gather", "output", outputs, inputs[0], n)
         elif outputs and any(outputs):
             raise OpError("ProcessGroupGloo::gather: requires empty output on non-root")
 
@@ -382,15 +387,8 @@ class Scatter(Family):
             raise OpError("ProcessGroupGloo::scatter: requires a single-element output list")
         _gloo_type(outputs[0], call.method)
         inputs = args.inputs if _is_list(args.inputs) else []
-        me = call.group.index(call.rank)
-        if me == call.root:
-            if len(inputs) != 1 or not _is_list(inputs[0]) or len(inputs[0]) != n:
-                got = len(inputs[0]) if inputs and _is_list(inputs[0]) else 0
-                raise OpError(f"ProcessGroupGloo::scatter: invalid input tensor list at index 0 (expected length {n}, got {got})")
-            for j, t in enumerate(inputs[0]):
-                if (t.dtype, t.shape) != (outputs[0].dtype, outputs[0].shape):
-                    raise OpError(f"ProcessGroupGloo::scatter: invalid tensor size at index {j} (expected "
-                                  f"{shape_text(outputs[0].shape)}, got {shape_text(t.shape)})")
+        if call.group.index(call.rank) == call.root:
+            _root_list("ProcessGroupGloo::scatter", "input", inputs, outputs[0], n)
 
     def key(self, call, args):
         return tuple((t.dtype, t.shape) for t in args.flat_out)

@@ -96,12 +96,12 @@ def evaluate_volume(judge, check: Check, runs) -> CheckResult:
         details.append(Note("detail.volume", {"rank": rec.rank, "op": check.op, "count": len(calls), "sent": sent,
                                               "dtypes": sorted({d for c in calls for d in c.sent_dtypes}) or ["-"]}))
         other = next(((c, d) for c in calls for d in c.sent_dtypes if d not in allowed), None)
-        if other is not None and not any(n.key == "cause.volume_dtype" for n in notes):
+        if other is not None and not _named(notes, "cause.volume_dtype"):
             call, dtype = other
             notes.append(Note("cause.volume_dtype", {"rank": rec.rank, "op": op_name(call), **at(call), "dtype": dtype,
                                                      "allowed": list(allowed), "size": element_size(dtype),
                                                      "want": min(element_size(d) for d in allowed)}))
-        if sent > bound and not any(n.key == "cause.volume_bytes" for n in notes):
+        if sent > bound and not _named(notes, "cause.volume_bytes"):
             notes.append(Note("cause.volume_bytes", {"rank": rec.rank, "op": check.op, "sent": sent, "bound": bound,
                                                      "count": len(calls)}))
     if notes:
