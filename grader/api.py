@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .exercise import registry
 from .exercise.spec import Exercise
-from .model import CheckResult, GradingResult, Note, Outcome, Words
+from .model import CheckResult, GradingResult, Note, Outcome
 from .processes.runner import Runner
 from .submission import load as loader
 from .submission import static

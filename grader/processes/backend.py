@@ -44,8 +44,6 @@ _TB = torch._C.TensorBase
 _copy_, _reshape, _to = _TB.copy_, _TB.reshape, _TB.to
 _no_grad = torch.no_grad
 _frombuffer = torch.frombuffer
-_DTYPES = {str(getattr(torch, name.split(".")[1])): getattr(torch, name.split(".")[1])
-           for name in wire.DTYPES if hasattr(torch, name.split(".")[1])}
 
 
 class Link:
