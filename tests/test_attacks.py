@@ -41,7 +41,7 @@ EXPECTED = {
         "a08_raw_wrong_blob_sizes": (10, BLAME),
         "a09_raw_out_of_order_seq": (10, BLAME),
         "a10_raw_result_before_any_op": (10, None),
-        "a11_raw_many_frames": (10, None),            # the flood outlasts the run's time limit: a timeout
+        "a11_raw_many_frames": (100, None),
         "a12_raw_setup_error_frame": (10, SETUP),
         "a13_raw_end_frame_first": (10, "an end frame before the result stops the run; no result is then "
                                         "the grader's failure"),
@@ -194,6 +194,15 @@ def test_a_rank_that_stops_reading_cannot_make_the_supervisor_hold_its_answers()
     grown = _supervisor_growth("d03_stalled_reader.py")
     assert grown["stop"] == "completed"
     assert grown["grew_mib"] < 64, grown     # 8 all-gathers of 8 MiB per rank
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(strict=True, reason="a snapshot frame is charged 256 bytes of the report budget whatever its header "
+                                       "holds, and every local name it sends is kept: ~500x the budget it costs")
+def test_reports_cannot_make_the_supervisor_keep_far_more_than_their_budget():
+    grown = _supervisor_growth("d04_snapshot_flood.py")
+    assert grown["stop"] == "completed"
+    assert grown["grew_mib"] < 64, grown     # 2000 frames per rank: 500 KiB of report budget each
 
 
 @pytest.mark.timeout(180)
