@@ -63,6 +63,8 @@ EXPECTED = {
         "a28_entry_object_whose_getattr_raises": (100, SETUP + " (rank._entry_codes reads __code__ outside "
                                                       "any guard)"),
         "a29_wire_pack_fails_for_results": (10, SETUP + " (the result cannot be sent, the setup error can)"),
+        "a30_patch_rank_reporter": (10, None),
+        "a31_library_view_kernel": (55, None),
     },
     "ring_allreduce": {
         "a01_tell_runs_apart_fake_ring_in_clean_run": (60, TELL + ": fake ring traffic there earns ring and "
@@ -80,6 +82,9 @@ EXPECTED = {
         "a12_raw_garbage_mid_ring": (20, BLAME),
         "a13_float16_ring_float16_result": (20, "a value returned in half precision is compared with half "
                                                 "precision's tolerance (2e-2): a float16 ring passes at 2 and 3 ranks"),
+        "a14_wrap_channel_send_forge_result": (20, None),
+        "a15_library_copy_kernel": (20, None),
+        "a16_side_channel_chunks": (100, None),
     },
     "zero_sharded_step": {
         "a01_tell_runs_apart_all_reduce_in_perturbed_run": (85, TELL + ": reduce_scatter in the clean run "
@@ -95,6 +100,9 @@ EXPECTED = {
         "a08_wrap_channel_send_forge_result": (25, None),
         "a09_library_copy_kernel": (25, None),
         "a10_raw_setup_error_frame": (10, SETUP),
+        "a11_exit_between_reduce_scatter_and_all_gather": (10, None),
+        # the momentum of rank 1's last snapshot passes (as for a rank left waiting); params never reported
+        "a12_raw_bad_json": (55, BLAME),
     },
 }
 
