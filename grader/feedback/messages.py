@@ -117,6 +117,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "fail.processes": ("进程 {rank} 创建了太多进程或线程（进程数限制）。", "Rank {rank} started too many processes or threads (process limit)."),
     "fail.traffic": ("进程 {rank} 经评分器的交换机发送的数据或通信次数超出了一次运行的上限，运行被停止。",
                      "Rank {rank} passed more data, or more operations, through the grader's switch than a run allows: the run was stopped."),
+    "fail.broken": ("进程 {rank} 的代码破坏了评分器在进程里的部分（例如改写了它用到的模块），评分器因此无法读取它的结果：{error}",
+                    "Rank {rank}'s code broke the grader's part of the rank (it replaced a module the grader uses, say), so its results could not be read: {error}"),
     "fail.protocol": ("进程 {rank} 向评分器发送了正常代码不会发送的数据（直接写入评分器的通信通道？），运行被停止。",
                       "Rank {rank} sent the grader what no ordinary code sends (written straight onto the grader's channel?): the run was stopped."),
     "fail.output": ("进程 {rank} 的输出太多，超出了输出限制，运行被停止。", "Rank {rank} printed too much: the run was stopped at the output limit."),

@@ -95,6 +95,7 @@ class RankRecord:
     notes: list[str] = field(default_factory=list)
     timings: list[dict] = field(default_factory=list)   # real-backend runs: each call as the rank timed it
     setup_error: str | None = None
+    broken: str | None = None                           # what broke the grader's code inside the rank, after "ready"
     done: bool = False                                  # sent everything it will send
     exit: dict | None = None                            # {"code": n} or {"signal": n}
     output: bytearray = field(default_factory=bytearray)
@@ -574,11 +575,18 @@ class Runner:
                 run.switch.finish(r)
             if record.result["how"] != "return" and run.failfast_at is None:
                 run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
-        elif kind == "setup_error":
+        elif kind == "setup_error" and not record.ready:
+            # before "ready" no student code has run: the grader's own failure to set the rank up
             record.setup_error = str(header.get("error"))[:2000]
             run.outcome.error = f"rank {r}: {record.setup_error}"
             run.set_stop("grader_error", r)
+        elif kind == "setup_error":
+            # after it, the student's code has broken the grader's code inside its rank (patched modules ...)
+            record.broken = _one_line(header.get("error"))
+            raise ProtocolError("the grader's code inside the rank was broken")
         elif kind == "end":
+            if record.result is None:
+                raise ProtocolError("an end before any result")
             record.done = True
             if run.switch is not None:
                 run.switch.finish(r)
@@ -695,6 +703,11 @@ class Runner:
             run.outcome.stop = "grader_error"
             run.outcome.error = run.outcome.error or "the run ended before every rank reported"
         shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _one_line(text) -> str:
+    """A rank's words shown as data: one line, printable, short."""
+    return "".join(c if c.isprintable() else " " for c in str(text))[:300]
 
 
 def _read_chunk(fd: int) -> bytes | None:

@@ -93,6 +93,8 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     if run.stop == "traffic_limit" and run.stop_rank == r:
         return Outcome.TRAFFIC_LIMIT, Note("fail.traffic", {"rank": r})
     if run.stop == "protocol" and run.stop_rank == r:
+        if record.broken is not None:
+            return Outcome.PROTOCOL, Note("fail.broken", {"rank": r, "error": record.broken})
         return Outcome.PROTOCOL, Note("fail.protocol", {"rank": r})
     exit_info = record.exit or {}
     sig = exit_info.get("signal")
