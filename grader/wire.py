@@ -65,36 +65,44 @@ def _plain(value):
 
 
 class FrameReader:
-    """Frames out of a byte stream, as (header, blobs): fed in chunks, checked before anything is kept."""
+    """Frames out of a byte stream, as (header, blobs): fed in chunks, checked before anything is kept.
+    A frame's bytes are copied once, into a buffer of its announced length (which the blobs then view)."""
 
     def __init__(self, max_frame: int = MAX_FRAME):
-        self.buf = bytearray()
         self.max_frame = max_frame
-        self.need: int | None = None
+        self.head = bytearray()             # the length prefix, while incomplete
+        self.body: bytearray | None = None  # the frame being filled
+        self.got = 0
 
     def feed(self, chunk: bytes) -> list[tuple[dict, list[memoryview]]]:
-        self.buf += chunk
-        frames = []
-        while True:
-            if self.need is None:
-                if len(self.buf) < 4:
-                    return frames
-                (self.need,) = struct.unpack_from("<I", self.buf)
-                if not 4 <= self.need <= self.max_frame:
-                    raise WireError(f"frame of {self.need} bytes")
-            if len(self.buf) < 4 + self.need:
-                return frames
-            body = bytes(self.buf[4:4 + self.need])
-            del self.buf[:4 + self.need]
-            self.need = None
-            frames.append(unpack(body))
+        frames, view, at = [], memoryview(chunk), 0
+        while at < len(view):
+            if self.body is None:
+                take = min(4 - len(self.head), len(view) - at)
+                self.head += view[at:at + take]
+                at += take
+                if len(self.head) < 4:
+                    break
+                (need,) = struct.unpack("<I", self.head)
+                self.head = bytearray()
+                if not 4 <= need <= self.max_frame:
+                    raise WireError(f"frame of {need} bytes")
+                self.body, self.got = bytearray(need), 0
+            take = min(len(self.body) - self.got, len(view) - at)
+            self.body[self.got:self.got + take] = view[at:at + take]
+            self.got += take
+            at += take
+            if self.got == len(self.body):
+                body, self.body = self.body, None
+                frames.append(unpack(body))
+        return frames
 
     @property
     def pending(self) -> int:
-        return len(self.buf)
+        return len(self.head) + self.got
 
 
-def unpack(body: bytes) -> tuple[dict, list[memoryview]]:
+def unpack(body: bytes | bytearray) -> tuple[dict, list[memoryview]]:
     """One frame's header and blobs (the bytes after its length)."""
     (head_len,) = struct.unpack_from("<I", body)
     if not 2 <= head_len <= min(MAX_HEADER, len(body) - 4):

@@ -21,30 +21,26 @@ from conftest import FIXTURES, PY, ROOT, run_cli
 
 ATTACKS = FIXTURES / "attacks"
 
-# A forged or broken protocol (raw frames, a sabotaged reporter) stops the run, and the ranks then count
-# as "the grader received no result (a grader problem: tell your TA)" or "the grader could not complete
-# this run: <text the student wrote>" (Outcome.GRADER_ERROR), while the verdict should name the student.
-BLAME = "a rank that breaks the protocol is reported as the grader's failure (outcome grader_error)"
-SETUP = "a setup_error frame a rank writes (or provokes) is taken as the grader's own failure"
+# A forged or broken protocol (raw frames, a sabotaged reporter, a setup_error frame after "ready") stops the
+# run with a verdict that names the rank (Outcome.PROTOCOL): what was right before it (a snapshot) still counts.
 TELL = "the clean run decides traffic / uses checks, and a rank can tell it from the perturbed run"
 
 # attack -> (the score it deserves, why it is expected to fail today (None: the grader holds))
 EXPECTED = {
     "dist_primitives": {
         "a01_wrap_channel_send_forge_result": (10, None),
-        "a02_fake_link_answers_ops_locally": (10, BLAME + " (its wait frames name operations the switch never saw)"),
+        "a02_fake_link_answers_ops_locally": (10, None),
         "a03_rewrite_pending_deliveries": (10, None),
         "a04_collective_on_a_group_of_one": (55, None),
-        "a05_raw_bad_json": (10, BLAME),
-        "a06_raw_huge_length": (10, BLAME),
-        "a07_raw_numpy_format_dtype": (10, BLAME),
-        "a08_raw_wrong_blob_sizes": (10, BLAME),
-        "a09_raw_out_of_order_seq": (10, BLAME),
+        "a05_raw_bad_json": (10, None),
+        "a06_raw_huge_length": (10, None),
+        "a07_raw_numpy_format_dtype": (10, None),
+        "a08_raw_wrong_blob_sizes": (10, None),
+        "a09_raw_out_of_order_seq": (10, None),
         "a10_raw_result_before_any_op": (10, None),
         "a11_raw_many_frames": (100, None),
-        "a12_raw_setup_error_frame": (10, SETUP),
-        "a13_raw_end_frame_first": (10, "an end frame before the result stops the run; no result is then "
-                                        "the grader's failure"),
+        "a12_raw_setup_error_frame": (10, None),
+        "a13_raw_end_frame_first": (10, None),
         "a14_library_copy_kernel": (10, None),
         "a15_library_contiguous_kernel": (55, None),
         "a16_side_channels_between_ranks": (100, None),
@@ -58,17 +54,17 @@ EXPECTED = {
         "a24_close_own_socket": (10, None),
         "a25_sigkill_self_mid_collective": (55, None),   # its gradient was right before it died (snapshot)
         "a26_exception_that_breaks_reporting": (50, None),  # the gradient from the locals; no all_gather
-        "a27_patched_linecache_breaks_error_record": (55, SETUP + " (the rank side's error record calls "
-                                                          "linecache.getline, which the student replaced)"),
-        "a28_entry_object_whose_getattr_raises": (100, SETUP + " (rank._entry_codes reads __code__ outside "
-                                                      "any guard)"),
-        "a29_wire_pack_fails_for_results": (10, SETUP + " (the result cannot be sent, the setup error can)"),
+        "a27_patched_linecache_breaks_error_record": (55, None),
+        "a28_entry_object_whose_getattr_raises": (100, None),
+        # its result cannot be sent: a protocol verdict for the run; the gradient was right before (snapshot)
+        "a29_wire_pack_fails_for_results": (55, None),
         "a30_patch_rank_reporter": (10, None),
         "a31_library_view_kernel": (55, None),
     },
     "ring_allreduce": {
-        "a01_tell_runs_apart_fake_ring_in_clean_run": (60, TELL + ": fake ring traffic there earns ring and "
-                                                           "traffic (100 instead of 60)"),
+        # every run is judged: the perturbed run's whole-tensor sends fail the traffic checks and, at 3 ranks
+        # and more, the ring; at 2 ranks, two ranks that send only to each other are the ring's shape (+5)
+        "a01_tell_runs_apart_fake_ring_in_clean_run": (65, None),
         "a02_float16_chunks": (20, None),
         "a03_int32_bit_view_chunks": (20, None),
         "a04_int16_chunks": (20, None),
@@ -79,9 +75,9 @@ EXPECTED = {
         "a09_racing_thread_writes_answer": (20, None),
         "a10_read_before_wait": (20, None),
         "a11_exit_mid_ring": (20, None),
-        "a12_raw_garbage_mid_ring": (20, BLAME),
-        "a13_float16_ring_float16_result": (20, "a value returned in half precision is compared with half "
-                                                "precision's tolerance (2e-2): a float16 ring passes at 2 and 3 ranks"),
+        "a12_raw_garbage_mid_ring": (20, None),
+        # a value returned in half precision keeps float32's tolerance (the exercise asks for no less)
+        "a13_float16_ring_float16_result": (20, None),
         "a14_wrap_channel_send_forge_result": (20, None),
         "a15_library_copy_kernel": (20, None),
         "a16_side_channel_chunks": (100, None),
@@ -99,10 +95,11 @@ EXPECTED = {
         "a07_read_gathered_before_wait": (55, None),
         "a08_wrap_channel_send_forge_result": (25, None),
         "a09_library_copy_kernel": (25, None),
-        "a10_raw_setup_error_frame": (10, SETUP),
+        # a protocol verdict for the run; momentum was right before (rank 0's snapshot, as for a12)
+        "a10_raw_setup_error_frame": (55, None),
         "a11_exit_between_reduce_scatter_and_all_gather": (10, None),
         # the momentum of rank 1's last snapshot passes (as for a rank left waiting); params never reported
-        "a12_raw_bad_json": (55, BLAME),
+        "a12_raw_bad_json": (55, None),
     },
 }
 
@@ -175,7 +172,7 @@ with Runner() as runner:   # this process is the supervisor: its peak memory is 
                                       quantities=tuple(q.name for q in ex.quantities),
                                       perturb=plan.perturbed_ops(ex))])[0]
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"stop": out.stop, "grew_mib": (after - before) / 1024}))
+print(json.dumps({"stop": out.stop, "grew_mib": (after - before) / 1024, "unread": [r.unread for r in out.ranks]}))
 """
 
 
@@ -187,39 +184,36 @@ def _supervisor_growth(fixture: str, exercise: str = "dist_primitives") -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="the switch builds K^2 x N copies of a list-form all_gather's K inputs in "
-                                       "the supervisor: ~190x what was sent, 5+ GiB per rank at 64 MiB")
 def test_one_operation_cannot_make_the_supervisor_build_far_more_than_was_sent():
+    # K inputs of 16 KiB, K lists of K x N outputs (64 MiB at two ranks): refused before anything is built
     grown = _supervisor_growth("d02_allgather_output_amplification.py")
-    assert grown["stop"] == "completed"
+    assert grown["stop"] == "traffic_limit"
     assert grown["grew_mib"] < 64, grown     # 720 KiB sent per rank
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="answers owed to a rank that stopped reading pile up in the supervisor's "
-                                       "write queue without bound (up to N GiB per stalled rank per run)")
 def test_a_rank_that_stops_reading_cannot_make_the_supervisor_hold_its_answers():
+    # 16 MiB owed per all-gather: the rank is stopped once it leaves more than MAX_UNREAD (40 MiB) unread.
+    # What the supervisor holds meanwhile is bounded per rank, whatever the number of operations: what its
+    # operations not yet completed sent (MAX_IN_FLIGHT, 64 MiB, and its perturbed copy), its latest
+    # snapshot (here 24 MiB of locals) and the frame being read
     grown = _supervisor_growth("d03_stalled_reader.py")
-    assert grown["stop"] == "completed"
-    assert grown["grew_mib"] < 64, grown     # 8 all-gathers of 8 MiB per rank
+    assert grown["stop"] == "traffic_limit" and grown["unread"] == [True, False], grown
+    assert grown["grew_mib"] < 400, grown
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=True, reason="a snapshot frame is charged 256 bytes of the report budget whatever its header "
-                                       "holds, and every local name it sends is kept: ~500x the budget it costs")
 def test_reports_cannot_make_the_supervisor_keep_far_more_than_their_budget():
     grown = _supervisor_growth("d04_snapshot_flood.py")
-    assert grown["stop"] == "completed"
+    assert grown["stop"] in ("completed", "protocol"), grown
     assert grown["grew_mib"] < 64, grown     # 2000 frames per rank: 500 KiB of report budget each
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired,
-                   reason="the tracer's backtracking (MAX_TIES 4, MAX_DEPTH 12) over four identical delivered "
-                          "copies explores ~4^12 paths: hours of CPU for one value")
 def test_verification_of_a_run_is_bounded_in_time(tmp_path):
+    # four identical delivered copies make every match tie: the tracer's work budget ends the search
     results = tmp_path / "results.json"
     proc = run_cli("grade", str(ATTACKS / "dist_primitives" / "d01_backtracking_bomb.py"), "--results", str(results),
-                   "--exercise", "dist_primitives", "--lang", "en", timeout=90)
+                   "--exercise", "dist_primitives", "--lang", "en", timeout=150)
     assert proc.returncode == 0
     assert json.loads(results.read_text(encoding="utf-8"))["score"] == 55   # static + the honest gradient

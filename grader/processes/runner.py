@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import wire
-from ..switch import Call, ProtocolError, Switch, TrafficLimit
+from ..switch import MAX_OPS, MAX_OUTPUT, Call, ProtocolError, Switch, TrafficLimit
 from . import launch
 from .launch import BASE_PREFIX
 from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, default_total_mb, uid_range
@@ -38,6 +38,9 @@ DEADLOCK_GRACE_S = 0.25  # every live rank waits on an operation the switch cann
 STOP_GRACE_S = 3.0       # SIGTERM to the run's leader (its pid 1, or the leader above it), then SIGKILL
 PROCESS_CHECK_S = 0.5    # how often a run's processes are counted (a fork bomb stops within about this)
 MAX_REPORTS = 96 << 20   # what one rank may send besides its operations (answers, snapshots: values.BUDGET_BYTES)
+MAX_SNAPSHOT_NAMES = 512  # locals a rank's snapshot keeps (the entry function's, as it enters an operation)
+MAX_UNREAD = MAX_OUTPUT + (8 << 20)   # what the switch may owe a rank that has not read it (its reader reads
+                                      # at once: more is a rank that stopped reading, and it is stopped)
 READ_CHUNK = 1 << 18
 
 
@@ -96,6 +99,7 @@ class RankRecord:
     timings: list[dict] = field(default_factory=list)   # real-backend runs: each call as the rank timed it
     setup_error: str | None = None
     broken: str | None = None                           # what broke the grader's code inside the rank, after "ready"
+    unread: bool = False                                # stopped: it left more than MAX_UNREAD of answers unread
     done: bool = False                                  # sent everything it will send
     exit: dict | None = None                            # {"code": n} or {"signal": n}
     output: bytearray = field(default_factory=bytearray)
@@ -459,6 +463,10 @@ class Runner:
             return
         run.pending.setdefault(fd, []).extend(frame)
         self._flush(run, fd)
+        if sum(len(b) for b in run.pending.get(fd, ())) > MAX_UNREAD and run.outcome.stop == "completed":
+            run.outcome.ranks[rank].unread = True
+            run.pending.pop(fd, None)
+            self._abort(run, "traffic_limit", rank)
 
     def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
         chunk = _read_chunk(fd)
@@ -554,12 +562,21 @@ class Runner:
             raise ProtocolError("too much reported")
         if kind == "snap":
             if isinstance(header.get("locals"), dict):
-                record.snapshot.update({str(k)[:100]: wire.value(v, blobs) for k, v in list(header["locals"].items())[:256]})
+                taken = list(header["locals"].items())[:256]
+                # a name costs its text and a descriptor, and the snapshot keeps MAX_SNAPSHOT_NAMES of them
+                record.report_bytes += sum(len(str(k)) + 64 for k, _ in taken)
+                if record.report_bytes > MAX_REPORTS:
+                    raise ProtocolError("too much reported")
+                for k, v in taken:
+                    name = str(k)[:100]
+                    if name in record.snapshot or len(record.snapshot) < MAX_SNAPSHOT_NAMES:
+                        record.snapshot[name] = wire.value(v, blobs)
         elif kind == "ready":
             record.ready = True
         elif kind == "note":
-            record.notes.append(str(header.get("what"))[:2000])
-        elif kind == "timing" and run.request.real:
+            if len(record.notes) < 64:
+                record.notes.append(str(header.get("what"))[:2000])
+        elif kind == "timing" and run.request.real and len(record.timings) < MAX_OPS:
             record.timings.append({k: header.get(k) for k in ("op", "method", "line", "api", "ms", "bytes")
                                    if isinstance(header.get(k), (int, float, str))})
         elif kind == "result" and record.result is None:

@@ -19,6 +19,8 @@ an operation that nothing pending or to come can complete.
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from .. import comm, wire
@@ -26,7 +28,9 @@ from . import ops, perturb
 from .record import Call
 
 RETAIN_BYTES = 48 << 20     # values kept per rank for verification (sizes are kept beyond it)
-TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run
+TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run (sent and delivered)
+MAX_OUTPUT = 32 << 20       # what one operation may deliver to one rank (an all_gather of 8 MiB at 4 ranks)
+MAX_IN_FLIGHT = 64 << 20    # what a rank's operations not yet completed may have sent (the switch holds it)
 MAX_TENSORS = 4096          # tensors in one operation
 MAX_OPS = 100_000           # operations of one rank in one run (each is kept as a record)
 
@@ -36,7 +40,8 @@ class ProtocolError(Exception):
 
 
 class TrafficLimit(Exception):
-    """A rank passed more than TRAFFIC_BYTES, or MAX_OPS operations, through the switch."""
+    """A rank passed more than TRAFFIC_BYTES, or MAX_OPS operations, through the switch, asked one
+    operation for more than MAX_OUTPUT, or had more than MAX_IN_FLIGHT sent in operations not completed."""
 
 
 def _int(value, low: int, high: int) -> bool:
@@ -60,10 +65,14 @@ class Switch:
         self.blocked: dict[int, int] = {}                    # rank -> seq of the operation it waits on
         self.retained = [0] * world_size
         self.traffic = [0] * world_size
+        self.in_flight = [0] * world_size                    # bytes sent by each rank's operations not completed
         self._index: dict[tuple, int] = {}                   # (rank, group key) -> collectives so far
         self._slots: dict[tuple, dict[int, Call]] = {}       # (group key, index) -> group rank -> call
-        self._sends: list[Call] = []                         # pending point-to-point operations, in order
-        self._recvs: list[Call] = []
+        # pending point-to-point operations, each queue in the order they were posted (messages between two
+        # ranks on one group and tag never overtake each other): a match is always a queue's head
+        self._sends: dict[tuple, deque] = {}                 # (group key, tag, to, from) -> sends
+        self._recvs: dict[tuple, deque] = {}                 # (group key, tag, at, from or None) -> receives
+        self._posted = 0
 
     # -- frames in ----------------------------------------------------------------------------------
     def receive(self, rank: int, header: dict, blobs: list) -> None:
@@ -142,8 +151,12 @@ class Switch:
         nbytes = sum(t.data.nbytes for t in args.flat_in if t.data is not None)
         if nbytes > wire.MAX_PAYLOAD:
             raise ProtocolError(f"an operation of {nbytes} bytes")
-        self.traffic[rank] += nbytes
-        if self.traffic[rank] > TRAFFIC_BYTES:
+        # what the switch will build for the rank's outputs, before it builds it (a list-form all_gather's
+        # K x K x N outputs are K^2 x N copies of small inputs)
+        out_bytes = sum(t.numel * wire.element_size(t.dtype) for t in args.flat_out)
+        self.traffic[rank] += nbytes + out_bytes
+        self.in_flight[rank] += nbytes
+        if out_bytes > MAX_OUTPUT or self.traffic[rank] > TRAFFIC_BYTES or self.in_flight[rank] > MAX_IN_FLIGHT:
             raise TrafficLimit()
         call = Call(rank=rank, seq=seq, method=method, op=spec.op, group=tuple(group), root=root, reduce=reduce,
                     peer=peer, tag=tag, sends=sends, receives=receives, splits=splits,
@@ -156,7 +169,8 @@ class Switch:
         call.outputs = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in args.flat_out]
         call.sent = [t.data for t in args.flat_in] if sends else []
         call.weight = ops.weight_of(reduce, n) if spec.op in ("all_reduce", "reduce_scatter", "reduce") else 1.0
-        self._retain(call, nbytes)
+        call.sent_bytes_held = nbytes
+        self._retain(call, 2 * nbytes + out_bytes)   # sent, perturbed, delivered
         return call, args
 
     @staticmethod
@@ -178,10 +192,10 @@ class Switch:
 
     def _retain(self, call: Call, nbytes: int) -> None:
         rank = call.rank
-        if self.retained[rank] + 2 * nbytes > RETAIN_BYTES:
+        if self.retained[rank] + nbytes > RETAIN_BYTES:
             call.retained = False
         else:
-            self.retained[rank] += 2 * nbytes
+            self.retained[rank] += nbytes
 
     # -- pairing ------------------------------------------------------------------------------------
     def _post_collective(self, call: Call) -> None:
@@ -215,8 +229,9 @@ class Switch:
                 self._fail(c, f"the switch could not run {calls[0].op}: {err}")
             return
         self.clock += 1
+        made: dict = {}   # an array several ranks receive: its bytes made once
         for (c, args), (arrays, pieces) in zip(pairs, results):
-            self._deliver(c, args, arrays, pieces)
+            self._deliver(c, args, arrays, pieces, made)
 
     @staticmethod
     def _entered(call: Call, args: ops.Args) -> list[np.ndarray]:
@@ -225,29 +240,28 @@ class Switch:
         return list(call.perturbed) if call.perturbed is not None else list(call.sent)
 
     def _post_p2p(self, call: Call) -> None:
+        """Pair a send with the earliest receive posted for it (one from its sender, or from any rank), a
+        receive with the earliest send to it (from the rank it names, or from any): a queue's head each."""
+        self._posted += 1
+        call.posted = self._posted
+        key, me = (call.group, call.gname, call.tag), call.rank
         if call.op == "send":
-            match = next((r for r in self._recvs if self._pairs(call, r)), None)
-            if match is None:
-                self._sends.append(call)
+            to = call.group[call.peer]
+            heads = [q for q in (self._recvs.get((*key, to, me)), self._recvs.get((*key, to, None))) if q]
+            if not heads:
+                self._sends.setdefault((*key, to, me), deque()).append(call)
                 return
-            self._recvs.remove(match)
+            match = min(heads, key=lambda q: q[0].posted).popleft()
             self._complete_p2p(call, match)
-        else:
-            match = next((s for s in self._sends if self._pairs(s, call)), None)
-            if match is None:
-                self._recvs.append(call)
-                return
-            self._sends.remove(match)
-            self._complete_p2p(match, call)
-
-    @staticmethod
-    def _pairs(send: Call, recv: Call) -> bool:
-        """A send to this receiver, on the same group, with the same tag, from the peer it names (or any)."""
-        if (send.group, send.gname) != (recv.group, recv.gname) or send.tag != recv.tag:
-            return False
-        if send.group[send.peer] != recv.rank:
-            return False
-        return recv.peer is None or recv.group[recv.peer] == send.rank
+            return
+        frm = None if call.peer is None else call.group[call.peer]
+        sources = [frm] if frm is not None else list(call.group)
+        heads = [q for q in (self._sends.get((*key, me, g)) for g in sources) if q]
+        if not heads:
+            self._recvs.setdefault((*key, me, frm), deque()).append(call)
+            return
+        match = min(heads, key=lambda q: q[0].posted).popleft()
+        self._complete_p2p(match, call)
 
     def _complete_p2p(self, send: Call, recv: Call) -> None:
         s_args, r_args = self.args.pop((send.rank, send.seq)), self.args.pop((recv.rank, recv.seq))
@@ -266,13 +280,16 @@ class Switch:
         self._deliver(recv, r_args, [data.copy()], [[ops.Piece(0, data.size, ((g_send, 0, 0),))]])
 
     # -- frames out ---------------------------------------------------------------------------------
-    def _deliver(self, call: Call, args: ops.Args, arrays: list, pieces: list) -> None:
+    def _deliver(self, call: Call, args: ops.Args, arrays: list, pieces: list, made: dict | None = None) -> None:
         call.completed, call.ok, call.completed_at = True, True, self.clock
         outs = args.flat_out if call.receives else []
-        descs, blobs = [], []
+        descs, blobs, made = [], [], {} if made is None else made
         for t, array in zip(outs, arrays):
             descs.append({"dtype": t.dtype, "shape": list(t.shape), "blob": len(blobs)})
-            blobs.append(wire.to_bytes(array, t.dtype))
+            key = (id(array), t.dtype)   # one array delivered to several outputs: its bytes made once
+            if key not in made:
+                made[key] = wire.to_bytes(array, t.dtype)
+            blobs.append(made[key])
         call.delivered = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in outs[:len(arrays)]]
         call.delivered_arrays = list(arrays) if call.retained else [None] * len(arrays)
         call.pieces = list(pieces)
@@ -290,6 +307,8 @@ class Switch:
         self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": False, "error": call.error})))
 
     def _unblock(self, call: Call) -> None:
+        self.in_flight[call.rank] -= call.sent_bytes_held
+        call.sent_bytes_held = 0
         if self.blocked.get(call.rank) == call.seq:
             del self.blocked[call.rank]
 

@@ -253,17 +253,18 @@ class AllGather(Family):
 
     def run(self, calls, ins, n):
         method = calls[0][0].method
-        out = []
+        out, flat = [], None
         for call, args in calls:
             if isinstance(args.inputs, T):
                 m = ins[0][0].size
-                data = np.concatenate([ins[g][0] for g in range(n)]) if n else np.zeros(0)
-                out.append(([data], [[Piece(g * m, m, ((g, 0, 0),)) for g in range(n)]]))
+                if flat is None:   # the same output for every rank, built once (records are never written)
+                    flat = np.concatenate([ins[g][0] for g in range(n)]) if n else np.zeros(0)
+                out.append(([flat], [[Piece(g * m, m, ((g, 0, 0),)) for g in range(n)]]))
             elif method == "allgather_coalesced":   # outputs[g][i]: input i of rank g
                 arrays, pieces = [], []
                 for g in range(n):
                     for i in range(len(args.flat_in)):
-                        arrays.append(ins[g][i].copy())
+                        arrays.append(ins[g][i])   # records are never written: outputs share what entered
                         pieces.append([Piece(0, ins[g][i].size, ((g, i, 0),))])
                 out.append((arrays, pieces))
             else:
@@ -272,7 +273,7 @@ class AllGather(Family):
                 for _ in args.outputs:
                     for j in range(k * n):
                         g, i = divmod(j, k)
-                        arrays.append(ins[g][i].copy())
+                        arrays.append(ins[g][i])
                         pieces.append([Piece(0, ins[g][i].size, ((g, i, 0),))])
                 out.append((arrays, pieces))
         return out

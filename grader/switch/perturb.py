@@ -31,6 +31,9 @@ def generator() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
 
+CHUNK = 1 << 18
+
+
 def perturbable(dtype: str) -> bool:
     return dtype in STEPS
 
@@ -42,8 +45,12 @@ def perturbed(values: np.ndarray, dtype: str, rng: np.random.Generator) -> np.nd
     steps = STEPS.get(dtype)
     if steps is None:
         return None
-    n = values.size
-    c = rng.integers(1, steps + 1, size=n) / steps
+    flat = values.reshape(-1)
+    out = np.empty_like(flat)
     wide = np.complex128 if np.iscomplexobj(values) else np.float64
-    out = values.astype(wide) + c * (1.0 + np.abs(values.astype(wide)))
-    return out.astype(values.dtype) if np.iscomplexobj(values) else round_to(out, dtype)
+    for at in range(0, flat.size, CHUNK):   # in slices: the wide temporaries stay small
+        part = flat[at:at + CHUNK].astype(wide)
+        c = rng.integers(1, steps + 1, size=part.size) / steps
+        part = part + c * (1.0 + np.abs(part))
+        out[at:at + CHUNK] = part.astype(values.dtype) if np.iscomplexobj(values) else round_to(part, dtype)
+    return out.reshape(values.shape)

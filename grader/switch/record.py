@@ -49,6 +49,8 @@ class Call:
     error: str | None = None
     problem: dict | None = None     # a message that did not fit its receive buffer: the figures (ops.check_message)
     source: int | None = None       # a receive from any source: the sender's group rank
+    posted: int = 0                 # point-to-point: the order the switch took it in (pairing)
+    sent_bytes_held: int = field(default=0, repr=False)   # what the switch holds for it until it completes
     delivered: list = field(default_factory=list)               # descriptors of what was delivered
     delivered_arrays: list = field(default_factory=list, repr=False)
     pieces: list = field(default_factory=list, repr=False)      # per output: [Piece]

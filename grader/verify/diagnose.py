@@ -91,7 +91,7 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     if run.stop == "output_limit" and run.stop_rank == r:
         return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
     if run.stop == "traffic_limit" and run.stop_rank == r:
-        return Outcome.TRAFFIC_LIMIT, Note("fail.traffic", {"rank": r})
+        return Outcome.TRAFFIC_LIMIT, Note("fail.unread" if record.unread else "fail.traffic", {"rank": r})
     if run.stop == "protocol" and run.stop_rank == r:
         if record.broken is not None:
             return Outcome.PROTOCOL, Note("fail.broken", {"rank": r, "error": record.broken})

@@ -19,6 +19,7 @@ from ..comm import OPS
 from ..exercise.spec import Check, Exercise, Quantity
 from ..model import CheckResult, Note, Outcome
 from ..processes.runner import RankRecord, RunOutcome
+from ..wire import HALF
 from . import diagnose
 from .observe import RunView, Value
 from .provenance import Proof, Tracer
@@ -77,7 +78,7 @@ class Judge:
         outcome, detail = self.shape_ok(quantity, value, ws)
         if outcome is not Outcome.PASS:
             return outcome, detail
-        if not diagnose.all_close(value.data, quantity.expected_array(rank, ws), quantity.tolerance or value.dtype):
+        if not diagnose.all_close(value.data, quantity.expected_array(rank, ws), _tolerance(quantity, value)):
             return Outcome.WRONG, "detail.values"
         return Outcome.PASS, None
 
@@ -91,7 +92,7 @@ class Judge:
         if run.stop != "grader_error" and any(run.request.perturbs(op) for op in quantity.through or OPS):
             value, _ = self.value(run.ranks[rank], quantity.name)
             if self.shape_ok(quantity, value, run.request.world_size)[0] is Outcome.PASS:
-                proof = Tracer(self.view(run), quantity, quantity.tolerance or value.dtype).prove(rank, value.data)
+                proof = Tracer(self.view(run), quantity, _tolerance(quantity, value)).prove(rank, value.data)
         self._proofs[key] = proof
         return proof
 
@@ -298,12 +299,36 @@ class Judge:
             return CheckResult(check, Outcome.WRONG, notes=notes)
         return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
 
+    def whole(self, run: RunOutcome) -> bool:
+        """The run ended with every rank done and none failing."""
+        return run.stop == "completed" and not any(diagnose.rank_failure(run, rec) for rec in run.ranks)
+
     def ran_cleanly(self, runs: WorldSizeRuns) -> bool:
         """The switch run that decides this world size (its clean run, else its perturbed run) ended with
         every rank done and none failing."""
         decided = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
-        return decided is not None and decided.stop == "completed" and \
-            not any(diagnose.rank_failure(decided, rec) for rec in decided.ranks)
+        return decided is not None and self.whole(decided)
+
+    def measured_runs(self, runs: WorldSizeRuns, quantity: Quantity | None) -> list[tuple[RunOutcome, set[int]]]:
+        """Every switch run of the world size whose measures a check of what passed through the switch
+        judges (the clean run first), each with the ranks whose part of it is complete: every rank of a
+        whole run; in another, the ranks whose value of `quantity` the run proved. Runs the grader could
+        not complete are left out."""
+        out = []
+        for run in ([runs.clean] if runs.clean is not None else []) + list(runs.perturbed):
+            if run.stop == "grader_error":
+                continue
+            n = run.request.world_size
+            if self.whole(run):
+                complete = set(range(n))
+            elif quantity is not None:
+                complete = {r for r in range(n) if (p := self.proof(run, quantity, r)) is not None and p.ok}
+            else:
+                complete = set()
+            out.append((run, complete))
+        if runs.clean is not None and runs.clean.stop == "grader_error":
+            return []   # the run that decides values could not be made: nothing is judged
+        return out
 
     def passes_any(self, exercise: Exercise, runs: WorldSizeRuns) -> bool:
         """Some runtime check of this world size passes through the switch (a real-backend run matters)."""
@@ -364,6 +389,15 @@ class Judge:
             "expected_shape": str(quantity.expected_shape(ws)), "expected": diagnose.preview(quantity.expected_array(rank, ws)),
             "shape": str(value.shape) if value else "-", "dtype": (value.dtype or "-") if value else "-",
             "values": diagnose.preview(value.data if value else None)})
+
+
+def _tolerance(quantity: Quantity, value: Value) -> str:
+    """The dtype whose tolerance a value is compared with: the quantity's, when it declares one; else the
+    value's, but never a half-precision one (a value returned in float16 keeps float32's tolerance: what
+    half precision lost is an error unless the exercise asks for it)."""
+    if quantity.tolerance:
+        return quantity.tolerance
+    return "torch.float32" if value.dtype in HALF else (value.dtype or "torch.float32")
 
 
 def _ops_text(quantity: Quantity) -> list[str]:

@@ -9,7 +9,9 @@ what the exercise declares (exercise/spec.py Check, its params).
              node, what crosses nodes and with how many ranks of each ("reduce in the node, all-reduce across
              the leaders, broadcast in the node", against one flat all-reduce)
 
-Every figure is the switch's, never a rank's word. Like traffic checks, these count for a correct answer only:
+Every figure is the switch's, never a rank's word, and every run of the world size is judged (the clean and
+the perturbed ones: Judge.measured_runs), so code that behaves one way where values are checked and another
+where they are proven fails; too few calls count only where the run shows all a rank did. Like traffic checks, these count for a correct answer only:
 they pass when the check's quantity passes its value check at the same world size (counts: when it names one),
 so a count or a volume next to a locally computed answer earns nothing. Causes name the figures; hidden
 checks show their value-free variants (feedback/render.HIDDEN_VARIANTS).
@@ -23,10 +25,6 @@ from ..exercise.spec import Check
 from ..model import CheckResult, Note, Outcome
 from ..wire import element_size
 from .diagnose import at, op_name
-
-
-def _run_of(runs):
-    return runs.clean or (runs.perturbed[0] if runs.perturbed else None)
 
 
 def _done(record, op: str) -> list:
@@ -44,18 +42,29 @@ def _needs_value(judge, check: Check, runs) -> CheckResult | None:
     return CheckResult(check, Outcome.WRONG, notes=[Note("cause.kind_needs_value", {"quantity": check.quantity})])
 
 
-def _start(judge, check: Check, runs):
-    run = _run_of(runs)
-    if run is None or run.stop == "grader_error":
-        return None, CheckResult(check, Outcome.GRADER_ERROR, notes=[
+def _judged(judge, check: Check, runs, one) -> CheckResult:
+    """`one(run, complete)` on every run of the world size (Judge.measured_runs): the first that fails
+    decides, so code that tells the runs apart fails in the run that shows it; else the first run's pass."""
+    quantity = judge.exercise.quantity(check.quantity) if check.quantity else None
+    measured = judge.measured_runs(runs, quantity)
+    if not measured:
+        run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
+        return CheckResult(check, Outcome.GRADER_ERROR, notes=[
             Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
-    return run, _needs_value(judge, check, runs)
+    early = _needs_value(judge, check, runs)
+    if early is not None:
+        return early
+    results = [one(run, complete) for run, complete in measured]
+    return next((r for r in results if not r.passed), results[0])
 
 
 def evaluate_counts(judge, check: Check, runs) -> CheckResult:
-    run, early = _start(judge, check, runs)
-    if early is not None:
-        return early
+    return _judged(judge, check, runs, lambda run, complete: _counts(check, run, complete))
+
+
+def _counts(check: Check, run, complete: set) -> CheckResult:
+    """Too many is judged on every rank; too few only on the ranks of `complete` (those whose run shows
+    all they did: a rank stopped half-way has not yet made the calls it would have)."""
     p, n = check.params, run.request.world_size
     want = int(p["count"](n)) if callable(p["count"]) else int(p["count"])
     at_most = bool(p.get("at_most"))
@@ -63,14 +72,14 @@ def evaluate_counts(judge, check: Check, runs) -> CheckResult:
     got = sum(counts) if p.get("per", "rank") == "all" else None
     details = [Note("detail.counts", {"rank": rec.rank, "op": check.op, "count": c}) for rec, c in zip(run.ranks, counts)]
 
-    def bad(c):
-        return c > want if at_most else c != want
+    def bad(c, whole):
+        return c > want or (not at_most and whole and c < want)
     if got is not None:
-        if bad(got):
+        if bad(got, len(complete) == n):
             return CheckResult(check, Outcome.WRONG, notes=[Note("cause.counts_all", {"op": check.op, "count": got,
                                                                                      "expected": want})], details=details)
     else:
-        wrong = [(rec, c) for rec, c in zip(run.ranks, counts) if bad(c)]
+        wrong = [(rec, c) for rec, c in zip(run.ranks, counts) if bad(c, rec.rank in complete)]
         if wrong:
             rec, c = max(wrong, key=lambda item: abs(item[1] - want))
             key = "cause.counts_more" if c > want else "cause.counts_fewer"
@@ -81,9 +90,10 @@ def evaluate_counts(judge, check: Check, runs) -> CheckResult:
 
 
 def evaluate_volume(judge, check: Check, runs) -> CheckResult:
-    run, early = _start(judge, check, runs)
-    if early is not None:
-        return early
+    return _judged(judge, check, runs, lambda run, complete: _volume(judge, check, run))
+
+
+def _volume(judge, check: Check, run) -> CheckResult:
     p, n = check.params, run.request.world_size
     allowed = tuple(p["dtypes"])
     elements = math.prod(judge.exercise.quantity(check.quantity).expected_shape(n))
@@ -111,9 +121,10 @@ def evaluate_volume(judge, check: Check, runs) -> CheckResult:
 
 
 def evaluate_groups(judge, check: Check, runs) -> CheckResult:
-    run, early = _start(judge, check, runs)
-    if early is not None:
-        return early
+    return _judged(judge, check, runs, lambda run, complete: _groups(judge, check, run))
+
+
+def _groups(judge, check: Check, run) -> CheckResult:
     p, n = check.params, run.request.world_size
     node = int(p["node"])
     inside = set(p.get("inside") or ())

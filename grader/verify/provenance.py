@@ -31,6 +31,18 @@ from .observe import RunContext, RunView
 
 MAX_DEPTH = 12
 MAX_TIES = 4        # equally long delivered matches tried in turn when the first cannot be explained
+# The work one proof may take: decompositions tried (one per sent vector explained: EXPLAINS_PER x N^2 at N
+# ranks) and elements compared (ELEMENTS_BASE + ELEMENTS_PER x the value's size). An honest ring of 5 ranks
+# takes 31 decompositions and 25 comparisons per element of its value (the tests' fixtures; a ring's hops
+# grow as N^2); data built so that every match ties
+# (d01_backtracking_bomb) would take exponentially many: past the budget the value is not proven
+# ("too_complex"), in bounded time.
+EXPLAINS_PER = 16
+ELEMENTS_BASE, ELEMENTS_PER = 20_000_000, 200
+
+
+class _TooComplex(Exception):
+    pass
 
 
 @dataclass
@@ -77,6 +89,8 @@ class Tracer:
         self._usable_cache: dict = {}
         self.used: dict = {}             # (rank, seq, output) -> bool mask of delivered elements used (this frame)
         self.calls: list[Call] = []
+        self.explains, self.elements, self.budget = 0, 0, ELEMENTS_BASE
+        self.max_explains = EXPLAINS_PER * self.ws * self.ws
 
     # -- the target: which ranks' data make element i, at which local index, with what weight
     def target(self, n: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +120,13 @@ class Tracer:
         weights, index = self.target(n, rank)
         self.index = index
         self._alone = (weights == 1.0) & (np.count_nonzero(weights, axis=0) == 1)[None, :]
-        result = self._explain(rank, value, np.arange(n), 0, None)
+        self.explains, self.elements = 0, 0
+        self.budget = ELEMENTS_BASE + ELEMENTS_PER * n
+        self.max_explains = EXPLAINS_PER * self.ws * self.ws
+        try:
+            result = self._explain(rank, value, np.arange(n), 0, None)
+        except _TooComplex:
+            return Proof(False, Finding("too_complex", {"rank": rank}), self.calls)
         if isinstance(result, Finding):
             return Proof(False, result, self.calls)
         w, _ = result
@@ -174,17 +194,26 @@ class Tracer:
         return call.op == "recv" and "send" in self.through
 
     def _lookup(self, pool: _Pool, usable: np.ndarray, v: float) -> list[tuple[int, int]]:
-        """(entry, position) of the usable delivered values within tolerance of v: the first 64 in the
-        order of the calls (the earliest operation, then the lowest position, is tried first)."""
+        """(entry, position) of the usable delivered values within tolerance of v that this decomposition
+        has not used: the first 64 in the order of the calls (the earliest operation, then the lowest
+        position, is tried first)."""
         tol = self.atol + self.rtol * abs(v)
         lo = np.searchsorted(pool.order, v - tol, "left")
         hi = np.searchsorted(pool.order, v + tol, "right")
         found = pool.index[lo:hi]
         entry = np.searchsorted(pool.starts, found, "right") - 1
-        found = found[usable[entry]]
-        if found.size > 64:
-            found = np.partition(found, 63)[:64]
-        found = np.sort(found)
+        found = np.sort(found[usable[entry]])
+        self._spend(found.size)
+        if found.size > 64:   # the first 64 not yet used in this decomposition (used ones cannot match)
+            entry = np.searchsorted(pool.starts, found, "right") - 1
+            keep = np.ones(found.size, dtype=bool)
+            for j in np.unique(entry).tolist():
+                call, k, _ = pool.entries[j]
+                mask = self.used.get((call.rank, call.seq, k))
+                if mask is not None:
+                    here = entry == j
+                    keep[here] = ~mask[found[here] - pool.starts[j]]
+            found = found[keep][:64]
         entry = np.searchsorted(pool.starts, found, "right") - 1
         return list(zip(entry.tolist(), (found - pool.starts[entry]).tolist()))
 
@@ -227,17 +256,32 @@ class Tracer:
         self.view.memo[key] = out[:16]
         return out[:16]
 
+    def _spend(self, elements: int) -> None:
+        self.elements += elements
+        if self.elements > self.budget:
+            raise _TooComplex
+
     def _run_length(self, x: np.ndarray, start: int, s: float, data: np.ndarray, p: int, used: np.ndarray) -> int:
+        """How far x[start:] equals s * data[p:] on unused elements: compared in growing windows, so that a
+        candidate that fails early costs little."""
         m = min(x.size - start, data.size - p)
-        ok = self._close(x[start:start + m], s * data[p:p + m]) & ~used[p:p + m]
-        bad = np.flatnonzero(~ok)
-        return int(bad[0]) if bad.size else m
+        done, window = 0, 64
+        while done < m:
+            end = min(m, done + window)
+            self._spend(end - done)
+            ok = self._close(x[start + done:start + end], s * data[p + done:p + end]) & ~used[p + done:p + end]
+            bad = np.flatnonzero(~ok)
+            if bad.size:
+                return done + int(bad[0])
+            done, window = end, window * 4
+        return m
 
     def _leaf_run(self, rank: int, x: np.ndarray, I: np.ndarray, start: int, c: float) -> int:
         """How far x[start:] is this rank's own data times c (the longest of its alternatives)."""
         idx = self.index[rank, I[start:]]
         longest = 0
         for local in self.options[rank]:
+            self._spend(idx.size)
             valid = (idx >= 0) & (idx < local.size)
             ok = valid.copy()
             ok[valid] = self._close(x[start:][valid], c * local[idx[valid]])
@@ -250,6 +294,9 @@ class Tracer:
         quantity), or a Finding."""
         if depth > MAX_DEPTH:
             return Finding("too_deep", {"rank": rank})
+        self.explains += 1
+        if self.explains > self.max_explains:
+            raise _TooComplex
         W = np.zeros((self.ws, x.size))
         pool = self._pool(rank)
         usable = self._usable(rank, pool, before)
@@ -348,6 +395,7 @@ class Tracer:
         best = None
         for size in range(2, min(len(aligned), 2 * self.ws) + 1):
             for combo in combinations(aligned, size):
+                self._spend(2 * size * (x.size - t))
                 total = np.sum([data[t:] for _, _, data in combo], axis=0)
                 for own in (False, True):
                     target = total + (own_values if own else 0)

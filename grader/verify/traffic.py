@@ -15,7 +15,10 @@ pattern as data, in `Check(kind="traffic", quantity=..., params=...)`:
 
 Traffic counts for a correct answer only: a traffic check passes when the check's quantity passes its value
 check at the same world size (right on every rank, and derived from what the communication delivered), so a
-forged exchange next to a locally computed answer earns nothing. Peers are global ranks (a call's `peer` is
+forged exchange next to a locally computed answer earns nothing. Every switch run of the world size is
+judged (Judge.measured_runs): what a rank did too much counts in any run, what it did too little only where
+the run shows all it did (the run ended with no rank failing, or it proved the rank's value), so code that
+behaves one way where values are checked and another where they are proven fails. Peers are global ranks (a call's `peer` is
 a rank of its group). Causes name the measured figures; hidden checks show their value-free variants
 (feedback/render.HIDDEN_VARIANTS).
 """
@@ -93,10 +96,14 @@ def _times(count: int, size: int) -> str:
     return f"{count / size:.2f}".rstrip("0").rstrip(".") if size else "?"
 
 
-def shape_causes(traffic: list[RankTraffic], n: int, size: int) -> list[Note]:
-    """Why the exchanges are not one ring of neighbours (empty: they are)."""
+def shape_causes(traffic: list[RankTraffic], n: int, size: int, complete=None) -> list[Note]:
+    """Why the exchanges are not one ring of neighbours (empty: they are). What a rank did too much (a
+    peer too many, a peer not a neighbour, the other way round) is judged on every rank; what it did too
+    little (no exchange, no peer) only on the ranks of `complete` (None: all), those whose run shows all
+    they did: a rank stopped half-way has not yet sent what it would have."""
+    complete = set(range(n)) if complete is None else complete
     for t in traffic:
-        if not t.sends and not t.recvs:
+        if t.rank in complete and not t.sends and not t.recvs:
             return [Note("cause.traffic_none", {"rank": t.rank})]
     if n >= 3:
         hub = max(traffic, key=lambda t: (len(t.frm), t.received))
@@ -104,27 +111,31 @@ def shape_causes(traffic: list[RankTraffic], n: int, size: int) -> list[Note]:
             return [Note("cause.traffic_gather", {"rank": hub.rank, "k": _times(hub.received, size),
                                                   "m": len(hub.frm)})]
     for t in traffic:
-        if len(t.to) != 1 or len(t.frm) != 1:
+        if len(t.to) > 1 or len(t.frm) > 1 or (t.rank in complete and (len(t.to) != 1 or len(t.frm) != 1)):
             return [Note("cause.traffic_peers", {"rank": t.rank, "to": t.to or ["-"], "frm": t.frm or ["-"]})]
-    offsets = [(t.to[0] - t.rank) % n for t in traffic]
-    for t, d in zip(traffic, offsets):
+    sending = [t for t in traffic if t.to]
+    offsets = [(t.to[0] - t.rank) % n for t in sending]
+    for t, d in zip(sending, offsets):
         if d not in (1, n - 1):
             return [Note("cause.traffic_not_neighbour", {"rank": t.rank, "to": t.to[0]})]
     if len(set(offsets)) > 1:
-        a = traffic[offsets.index(1)]
-        b = traffic[offsets.index(n - 1)]
+        a = sending[offsets.index(1)]
+        b = sending[offsets.index(n - 1)]
         return [Note("cause.traffic_direction", {"rank": a.rank, "to": a.to[0], "other": b.rank, "other_to": b.to[0]})]
-    for t, d in zip(traffic, offsets):
-        if (t.rank - t.frm[0]) % n != d:
+    for t, d in zip(sending, offsets):
+        if t.frm and (t.rank - t.frm[0]) % n != d:
             return [Note("cause.traffic_same_side", {"rank": t.rank, "to": t.to[0], "frm": t.frm[0]})]
     return []
 
 
-def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, dtype: str | None) -> list[Note]:
-    """Why the volume is not the declared one (empty: it is): the rank furthest off, in figures."""
+def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, dtype: str | None,
+                  complete=None) -> list[Note]:
+    """Why the volume is not the declared one (empty: it is): the rank furthest off, in figures. Too few
+    sends are judged only on the ranks of `complete` (None: all), as in shape_causes."""
+    complete = set(range(n)) if complete is None else complete
     sends, most, chunk, formula = bound(params, n, size)
     notes = []
-    wrong_count = [t for t in traffic if t.sends != sends]
+    wrong_count = [t for t in traffic if t.sends > sends or (t.sends < sends and t.rank in complete)]
     if wrong_count:
         t = max(wrong_count, key=lambda t: abs(t.sends - sends))
         notes.append(Note("cause.traffic_sends", {"rank": t.rank, "count": t.sends, "formula": params.get("sends_formula", "?"),
@@ -145,46 +156,50 @@ def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, d
     return notes
 
 
-def _run_of(runs):
-    """The run whose traffic is measured: the clean one when it was made, else the first perturbed one
-    (the same program: perturbation changes values, never sizes or peers)."""
-    if runs.clean is not None:
-        return runs.clean
-    return runs.perturbed[0] if runs.perturbed else None
-
-
 def evaluate_traffic(judge, check: Check, runs) -> CheckResult:
     quantity = judge.exercise.quantity(check.quantity)
-    run = _run_of(runs)
-    if run is None or run.stop == "grader_error":
+    measured = judge.measured_runs(runs, quantity)
+    if not measured:
+        run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
         return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
     values = judge.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden, world_size=check.world_size,
                                         quantity=check.quantity), runs)
     if not values.passed:
         return CheckResult(check, Outcome.WRONG, notes=[Note("cause.traffic_needs_value", {"quantity": quantity.name})])
+    params = check.params or {}
+    # every run of the world size is judged, so that code which tells the runs apart (a fake ring where
+    # values are right, another exchange where they are proven) fails in the run that shows it
+    for run, complete in measured:
+        n = run.request.world_size
+        traffic = measure(run)
+        size, dtype = size_and_dtype(run, quantity)
+        notes: list[Note] = []
+        if params.get("pattern") == "ring":
+            notes += shape_causes(traffic, n, size, complete)
+        if "sends" in params or "volume" in params:
+            notes += volume_causes(traffic, params, n, size, dtype, complete)
+        if notes:
+            return CheckResult(check, Outcome.WRONG, notes=notes, details=_details(traffic))
+    run = measured[0][0]
     n = run.request.world_size
     traffic = measure(run)
-    size, dtype = size_and_dtype(run, quantity)
-    params = check.params or {}
-    notes: list[Note] = []
+    size, _ = size_and_dtype(run, quantity)
     if params.get("pattern") == "ring":
-        notes += shape_causes(traffic, n, size)
-    if "sends" in params or "volume" in params:
-        notes += volume_causes(traffic, params, n, size, dtype)
-    details = [Note("detail.traffic", {"rank": t.rank, "sends": t.sends, "sent": t.sent, "recvs": t.recvs,
-                                       "received": t.received, "to": t.to or ["-"], "frm": t.frm or ["-"],
-                                       "sent_bytes": t.sent_bytes, "received_bytes": t.received_bytes})
-               for t in traffic]
-    if notes:
-        return CheckResult(check, Outcome.WRONG, notes=notes, details=details)
-    if params.get("pattern") == "ring":
-        passed = Note("pass.ring", {"d": "+1" if (traffic[0].to[0] - traffic[0].rank) % n == 1 else "-1"})
+        d = (traffic[0].to[0] - traffic[0].rank) % n if traffic and traffic[0].to else 1
+        passed = Note("pass.ring", {"d": "+1" if d == 1 else "-1"})
     else:
         sends, most, chunk, formula = bound(params, n, size)
         passed = Note("pass.traffic", {"count": sends, "formula": params.get("sends_formula", "?"),
                                        "sent": max(t.sent for t in traffic), "bound": most, "vformula": formula,
                                        "size": size, "chunk": chunk})
     return CheckResult(check, Outcome.PASS, check.points, [passed])
+
+
+def _details(traffic: list[RankTraffic]) -> list[Note]:
+    return [Note("detail.traffic", {"rank": t.rank, "sends": t.sends, "sent": t.sent, "recvs": t.recvs,
+                                    "received": t.received, "to": t.to or ["-"], "frm": t.frm or ["-"],
+                                    "sent_bytes": t.sent_bytes, "received_bytes": t.received_bytes})
+            for t in traffic]
 
 
 def teaching(run: RunOutcome, exercise) -> list[Note]:
