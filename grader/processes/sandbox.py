@@ -482,9 +482,22 @@ def isolate_rank(tmp_mb: int) -> None:
     is then the only way it has to another rank: no shared network, file, store or memory."""
     unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC)
     loopback_up()
+    _own_tmp(tmp_mb, ("/var/tmp", "/dev/shm"))
+
+
+def isolate_files(tmp_mb: int, shm: bool) -> None:
+    """Called by a rank of a real-backend run (its ranks share the run's loopback network, which gloo needs):
+    a /tmp of its own (and /var/tmp; /dev/shm too unless `shm` is False: NCCL's shared-memory transport
+    needs it shared), so that files two ranks both write (a notebook's %%writefile /tmp/x, say) do not clash
+    between their uids."""
+    unshare(CLONE_NEWNS)
+    _own_tmp(tmp_mb, ("/var/tmp", "/dev/shm") if shm else ("/var/tmp",))
+
+
+def _own_tmp(tmp_mb: int, also: tuple) -> None:
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={max(1, int(tmp_mb))}m")
-    for path in ("/var/tmp", "/dev/shm"):
+    for path in also:
         if os.path.isdir(path):
             mount("/tmp", path, None, MS_BIND)
 
