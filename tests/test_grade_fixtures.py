@@ -69,6 +69,30 @@ def test_every_honest_style_scores_100(batch):
     assert wrong == {}
 
 
+# Operations the static analysis cannot see (DTensor's full_tensor and redistribute, getattr through a table
+# or a name built at run time): every rank completed them in a graded run, the stronger evidence, so the
+# static checks pass, saying so. (A static check the runs do not show stays failed: m03 below.)
+REACHED_AT_RUN = {
+    "h39_dtensor_partial_full_tensor": {"all_reduce": (10, "DTensor.full_tensor"), "all_gather": (12, "DTensor.full_tensor")},
+    "h40_dtensor_redistribute_replicate": {"all_reduce": (11, "DTensor.redistribute"), "all_gather": (13, "DTensor.redistribute")},
+    "h41_dtensor_distribute_tensor": {"all_reduce": (11, "DTensor.redistribute"), "all_gather": (16, "DTensor.full_tensor")},
+    "h42_getattr_table": {"all_reduce": (14, "all_reduce"), "all_gather": (18, "all_gather")},
+}
+
+
+@pytest.mark.timeout(420)
+def test_static_checks_pass_where_every_rank_ran_the_operation(batch):
+    graded = batch("honest")
+    for name, ops in REACHED_AT_RUN.items():
+        results = graded[name]
+        assert results["score"] == 100, (name, failing(results))
+        for op, (line, api) in ops.items():
+            text = next(t["output"] for t in results["tests"] if t["name"] == f"Static: run_worker calls dist.{op}")
+            params = {"op": op, "entry": "run_worker", "api": api, "line": line}
+            assert text == render("static.called_at_run", params, "en"), (name, text)
+            assert re.search(r"[\u4e00-\u9fff]", render("static.called_at_run", params, "zh"))
+
+
 def test_there_are_enough_honest_styles():
     assert len(HONEST) >= 30
 

@@ -92,6 +92,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "static.forbidden": ("本练习不允许使用 {op}（第 {lines} 行）。", "This exercise does not allow {op} (line {lines})."),
     "static.forbidden_at_run": ("代码里看不出 {op}，但运行时调用了它（第 {line} 行）：不允许的操作，无论怎样调用都不允许。",
                                 "The code does not name {op}, but it ran (line {line}): an operation that is not allowed is not allowed however it is called."),
+    "static.called_at_run": ("{entry} 在运行时用到了 {op}（第 {line} 行，经由 {api}）：代码里看不出这个调用，但每个进程都完成了它。",
+                             "{entry} reaches {op} at run time (line {line}, through {api}): the code does not show the call, but every rank completed it."),
     "static.not_used": ("没有使用 {ops}。", "None of {ops} is used."),
     # --- passes
     "pass.value": ("通过：每个进程上的 {quantity} 都正确，并且确实来自 {ops} 传来的数据，每个进程都贡献了自己的数据。",

@@ -341,8 +341,20 @@ class Judge:
         return []
 
     def overrule_static(self, results: list[CheckResult], runs: dict) -> None:
-        """A static check that found no forbidden operation in the text, contradicted by the runs (a name
-        built at run time, a group's own method): the operation ran, so the check fails after all."""
+        """Static checks against what the runs observed, the stronger evidence either way:
+          - an operation the text does not show reached (DTensor's full_tensor / redistribute, getattr
+            through a table of names): where every rank of a graded run completed it, called from the
+            submission's code, the check passes after all;
+          - no forbidden operation in the text, contradicted by the runs (a name built at run time, a
+            group's own method): the operation ran, so the check fails after all."""
+        for i, result in enumerate(results):
+            spec = result.spec
+            if spec.kind != "static" or not spec.op or result.passed or result.outcome not in (Outcome.NOT_CALLED, Outcome.TODO):
+                continue
+            seen = self._completed_everywhere(spec.op, runs)
+            if seen is not None:
+                results[i] = CheckResult(spec, Outcome.PASS, spec.points, [Note("static.called_at_run", {
+                    "op": spec.op, "entry": self.exercise.entry, "api": diagnose.op_name(seen), **diagnose.at(seen)})])
         for i, result in enumerate(results):
             spec = result.spec
             if spec.kind != "static" or not spec.forbid or not result.passed:
@@ -353,6 +365,20 @@ class Judge:
                 results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
                     Note("static.forbidden_at_run", {"op": diagnose.op_name(used), **diagnose.at(used)}),
                     *diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))])
+
+    @staticmethod
+    def _completed_everywhere(op: str, runs: dict):
+        """The first call of `op` in a graded switch run where every rank completed one from its code (not
+        from the module's top level), or None."""
+        for ws_runs in runs.values():
+            for run in (ws_runs.clean, *ws_runs.perturbed):
+                if run is None or run.stop == "grader_error" or not run.ranks:
+                    continue
+                found = [next((c for c in rec.calls if c.op == op and c.completed and c.ok and c.function != "<module>"), None)
+                         for rec in run.ranks]
+                if all(c is not None for c in found):
+                    return found[0]
+        return None
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
