@@ -235,6 +235,9 @@ CHEATS = {
     # the grader's copies and records ignore the student's dispatch mode: what the rank really sent (zeros)
     # is reported, and summed (see below)
     "c17_torch_dispatch_mode": "wrong",
+    # torch's AsyncCollectiveTensor is read as the tensor it waits for (h44); a subclass of it is not, and
+    # torch's class wrapped around a local answer waits for nothing the communication delivered
+    "c18_forged_async_tensor": {"bad_type", "not_collective"},
 }
 
 
