@@ -143,7 +143,9 @@ def test_deadlock_lesson_in_a_hidden_check(mistakes):
 
 CHEATS = {  # the checks each one fakes
     "c01_collective_in_disguise": CHECK_IDS,
-    "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
+    # the ring's results are thrown away: the answer stays the same when the data in flight changes, so the
+    # run-time check that send/recv were used fails too (the tensor did not come through them)
+    "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic") or c == "ws2.p2p_only"],
     "c03_local_answer_sent_around": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
     "c04_collective_on_private_group": CHECK_IDS,
     # there is no real gloo group inside a rank any more: its all-reduce has nothing to run on, and what is
@@ -160,6 +162,7 @@ def test_cheats_score_0_on_what_they_fake(cheats):
         assert len(scores) == len(CHECK_IDS)
         assert all(v == "pass" for k, v in outcomes(cheats[name]).items() if k not in faked), name
         assert [k for k in faked if outcomes(cheats[name])[k] == "pass"] == [], name
+    assert "cause.result_unused" in causes(cheats["c02_forged_ring_local_values"], "ws2.p2p_only")
     inner = cheats["c05_inner_gloo_group"]
     assert outcomes(inner)["ws2.values"] == "exception"   # no real group to reach: its all-reduce has nothing to run on
     disguised = cheats["c01_collective_in_disguise"]

@@ -54,23 +54,30 @@ MISTAKES = {
                                 {"params": [LOCAL_UPDATE], "momentum": [FULL_MOMENTUM]}),
     "m04_full_momentum": (70, every("momentum", "wrong"), {"momentum": [FULL_MOMENTUM]}),
     "m05_no_padding": (40, {**every("params", "exception", HIDDEN_WS), **every("momentum", "exception", HIDDEN_WS),
-                            **every("primitives", "wrong", HIDDEN_WS)}, {"params": [PADDING], "momentum": [PADDING]}),
+                            **every("primitives", "exception", HIDDEN_WS)}, {"params": [PADDING], "momentum": [PADDING]}),
     "m06_gathered_gradients": (25, {**every("params", "not_collective"), **every("momentum", "wrong")},
                                {"params": [GATHERED], "momentum": [FULL_MOMENTUM, GATHERED]}),
     "m07_momentum_reset": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                            {"params": [RESET], "momentum": [RESET]}),
     # the right numbers, through what the all-reduce delivered: the value points; not the primitives'
-    "m08_all_reduce": (80, {"static.reduce_scatter": "not_called", **every("primitives", "wrong")},
+    "m08_all_reduce": (80, {"static.reduce_scatter": "not_called", **every("primitives", "forbidden")},
                        {"primitives": [ALL_REDUCE]}),
+    # the same beside one reduce_scatter whose result goes unused: the value points still (m08's), and the
+    # static reduce_scatter points
+    "m10_all_reduce_beside_unused_reduce_scatter": (85, every("primitives", "forbidden"), {"primitives": [ALL_REDUCE]}),
     "m09_padding_kept": (70, every("params", "wrong", HIDDEN_WS), {"params": [("cause.padding_kept", {})]}),
 }
-# the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication"
+# the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication";
+# the primitives too where the answer stays the same when the data in flight changes (the collectives ran on
+# zeros, or on real data whose results are never read): the quantities did not come through them
 CHEATS = {
-    "c01_local_answer_dummy_collectives": ("params", "momentum"),
-    "c02_launder_through_all_gather": ("params", "momentum"),
-    "c03_fake_sharded_momentum": ("momentum",),
-    "c04_probe_deltas_with_zeros": ("params", "momentum"),
+    "c01_local_answer_dummy_collectives": ("params", "momentum", "primitives"),
+    "c02_launder_through_all_gather": ("params", "momentum", "primitives"),
+    "c03_fake_sharded_momentum": ("momentum", "primitives"),
+    "c04_probe_deltas_with_zeros": ("params", "momentum"),   # what it adds to its answer is what the probes delivered
+    "c05_results_never_read": ("params", "momentum", "primitives"),
 }
+POINTS = {"params": 15, "momentum": 10, "primitives": 5}
 HONEST = sorted(p.stem for p in FIX.glob("h*.py"))
 
 
@@ -140,7 +147,11 @@ def test_cheat_scores_0_on_the_checks_it_fakes(graded, name):
     assert failing(results) == {check_id: "not_collective" for check_id in faked}
     scores = dict(zip(results["extra_data"]["outcomes"], (t["score"] for t in results["tests"])))
     assert all(scores[check_id] == 0 for check_id in faked)
-    assert results["score"] == 100 - sum(15 if c.endswith("params") else 10 for c in faked)
+    assert results["score"] == 100 - sum(POINTS[c.split(".")[1]] for c in faked)
+    for check_id in faked:
+        if check_id.endswith("primitives"):
+            named = {c["key"] for c in results["extra_data"]["causes"][check_id]}
+            assert "cause.result_unused" in named, (check_id, named)
 
 
 @pytest.mark.timeout(420)
@@ -152,6 +163,20 @@ def test_hidden_checks_reveal_no_values_sizes_or_lines(graded):
             text = re.sub(r"隐藏测试 \d|ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", test["name"] + test["output"])
             assert not re.search(r"\d", text), (name, test)
             assert "进程 0" not in text and "行）" not in text, (name, test)
+
+
+@pytest.mark.timeout(420)
+def test_hidden_uses_checks_say_what_happened(graded):
+    """A hidden primitives check names what happened, without values: an exception (the operations never
+    completed), a forbidden operation, or quantities that did not come through the operations; not just
+    "the result is wrong"."""
+    said = {("m05_no_padding", "ws3.primitives"): "hint.exception", ("m08_all_reduce", "ws4.primitives"): "hint.forbidden",
+            ("c05_results_never_read", "ws3.primitives"): "hint.not_collective"}
+    for (name, check_id), hint in said.items():
+        text = output_of(graded["results"][name], check_id)
+        assert text.splitlines()[0] == render("status.failed", {}, "zh") + "：" + render(hint, {}, "zh"), (name, text)
+    unused = output_of(graded["results"]["c05_results_never_read"], "ws4.primitives")
+    assert render("cause.result_unused", {"quantity": "momentum", "ops": ["reduce_scatter"]}, "zh") in unused
 
 
 @pytest.mark.timeout(420)

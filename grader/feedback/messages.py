@@ -136,6 +136,11 @@ CATALOG: dict[str, tuple[str, str]] = {
                            "Rank {rank}: {op} was started with async_op=True and never waited on, so reading {quantity} is a race (right by luck does not count). Call work.wait() before using the result."),
     "fail.forbidden_op": ("进程 {rank} 调用了本练习不允许的 {op}（第 {line} 行）。", "Rank {rank} called {op} (line {line}), which this exercise does not allow."),
     "fail.op_not_used": ("没有用到 {op}（没有一次完成）。", "{op} was never used (none completed)."),
+    "cause.op_not_used": ("原因：没有用到 {op}（没有一次完成）。", "Cause: {op} was never used (none completed)."),
+    "cause.result_unused": ("原因：{quantity} 没有用到 {ops} 传来的数据：评分器秘密地改变了通信中的数据，{quantity} 却完全没有变化。"
+                            "这些通信运行了，但它们的结果没有被用来计算 {quantity}。",
+                            "Cause: {quantity} does not use what {ops} delivered: the grader secretly changed the data in flight and "
+                            "{quantity} did not change at all. The operations ran, but their results were not used to compute it."),
     # --- the real-backend run (plan.py): the student's code on torch's own gloo / NCCL
     "fail.real_backend": ("通过评分器的交换机时这一项是对的，但同样的代码在真实的 {backend} 后端上没有通过（见下）：这个进程数下的分数不计。",
                           "Through the grader's switch this check passes, but the same code does not on real {backend} (below): "

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..comm import OPS
 from ..exercise.spec import Check, Exercise, Quantity
 from ..model import CheckResult, Note, Outcome
@@ -268,32 +270,90 @@ class Judge:
 
     def evaluate_uses(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
         """The quantities came through their operations, and no forbidden operation ran: measured at the
-        switch, where every operation between ranks passes (there is no group it does not see)."""
+        switch, where every operation between ranks passes (there is no group it does not see). "Came
+        through" is evidence, not a call count: a quantity with the right numbers is proven from what its
+        operations delivered, or at least follows that data; right numbers that stay the same when the
+        grader changes the data in flight were computed without it (collectives on zeros, or on real data
+        whose results are never read, beside a local answer). A wrong value is left to its own checks. The outcome says what happened: a
+        forbidden operation, a rank that failed (so that an operation never completed), or a wrong use."""
         run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
         if run is None or run.stop == "grader_error":
             return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
         forbidden = set(check.forbid or self.exercise.forbidden)
-        notes = []
+        notes, outcome = [], Outcome.WRONG
         for record in run.ranks:
             used = next((c for c in record.calls if c.op in forbidden), None)
             if used is not None:
                 notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
                                                         **diagnose.at(used)}))
                 notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
+                outcome = Outcome.FORBIDDEN
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         p2p = wanted & {"send", "recv"}
         # used means completed: point-to-point, a send and a receive that met (on some ranks: a root may only
         # receive); a collective, on every rank
         done = [c for rec in run.ranks for c in rec.calls if c.completed and c.ok]
+        unused = []
         if p2p and not (any(c.op == "send" for c in done) and any(c.op == "recv" for c in done)):
-            notes.append(Note("fail.op_not_used", {"op": "/".join(sorted(p2p, reverse=True))}))
+            unused.append("/".join(sorted(p2p, reverse=True)))
         for op in sorted(wanted - p2p):
             if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
-                notes.append(Note("fail.op_not_used", {"op": op}))
+                unused.append(op)
+        if unused:
+            failures = [f for f in (diagnose.rank_failure(run, rec) for rec in run.ranks) if f is not None]
+            failure = next((f for f in failures if f[1].key != "fail.stopped"), failures[0] if failures else None)
+            if failure is not None:   # an operation never completed because a rank failed: that is the news
+                notes.append(failure[1])
+                if outcome is not Outcome.FORBIDDEN:
+                    outcome = failure[0]
+            notes += [Note("cause.op_not_used", {"op": op}) for op in unused]
+        elif outcome is not Outcome.FORBIDDEN:
+            notes += self._not_through(runs, wanted)
+            if notes:
+                outcome = Outcome.NOT_COLLECTIVE
         if notes:
-            return CheckResult(check, Outcome.WRONG, notes=notes)
+            return CheckResult(check, outcome, notes=notes)
         return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
+
+    def _not_through(self, runs: WorldSizeRuns, wanted: set) -> list[Note]:
+        """For each quantity that comes through the operations of a "uses" check: a rank whose value has the
+        right numbers, is not proven, and stays exactly what it is in the clean run when the data in flight
+        changes (a locally computed answer beside the operations)."""
+        notes = []
+        for quantity in self.exercise.quantities:
+            if not quantity.provenance or not set(quantity.through) & wanted:
+                continue
+            for record in runs.clean.ranks if runs.clean is not None else []:
+                value, _ = self.value(record, quantity.name)
+                if self.judge_clean(quantity, value, runs.world_size, record.rank)[0] is not Outcome.PASS:
+                    continue   # a wrong value: its own checks say what is wrong with it
+                if self.provenance(runs, quantity, record.rank)[0]:
+                    continue
+                if self.insensitive(runs, quantity, record.rank):
+                    notes.append(Note("cause.result_unused", {"quantity": quantity.name, "ops": list(quantity.through)}))
+                    break
+        return notes
+
+    def insensitive(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
+        """This rank returned the same value for the quantity in the clean run and in a perturbed run that
+        changed the data its operations delivered: the value was computed without that data (certain: the
+        deltas are far beyond any tolerance). False where it cannot be told (no clean run, a rank that did
+        not return in either run, values of other shapes)."""
+        clean = runs.clean
+        if clean is None or rank >= len(clean.ranks):
+            return False
+        for run in runs.perturbed:
+            if not all(run.request.perturbs(op) for op in quantity.through) or rank >= len(run.ranks):
+                continue
+            a, b = clean.ranks[rank], run.ranks[rank]
+            if (a.result or {}).get("how") != "return" or (b.result or {}).get("how") != "return":
+                continue
+            va, vb = self.value(a, quantity.name)[0], self.value(b, quantity.name)[0]
+            if va.data is None or vb.data is None or va.data.shape != vb.data.shape or not va.floating:
+                continue
+            return bool(np.array_equal(va.data, vb.data) or diagnose.all_close(vb.data, va.data, va.dtype))
+        return False
 
     def ran_cleanly(self, runs: WorldSizeRuns) -> bool:
         """The switch run that decides this world size (its clean run, else its perturbed run) ended with

@@ -28,6 +28,7 @@ of neither: the padding counts).
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -105,15 +106,16 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 
 
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
-def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter") -> float | None:
-    """What rank q fed its k-th reduce-scatter (or all-reduce): its own padded gradient of step k+1 (1.0),
-    that gradient divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too
-    (it lands in the last rank's momentum; the parameters drop it)."""
+def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter",
+               step: int | None = None) -> float | None:
+    """What rank q fed its k-th reduce-scatter (or all-reduce): its own padded gradient of `step` (default
+    k + 1) (1.0), that gradient divided by N (1/N), or anything else (None). zero_padding: the padding
+    must be zeros too (it lands in the last rank's momentum; the parameters drop it)."""
     sent = ctx.sent(q, op)
     sizes = (shard_size(ws) * ws,) if op == "reduce_scatter" else (shard_size(ws) * ws, P)
     if len(sent) <= k or sent[k].size not in sizes or (zero_padding and np.any(sent[k][P:] != 0)):
         return None
-    own = local_gradient(q, k + 1)
+    own = local_gradient(q, k + 1 if step is None else step)
     for scale in (1.0, 1.0 / ws):
         if np.allclose(sent[k][:P], scale * own, rtol=2e-5, atol=1e-6):
             return scale
@@ -122,33 +124,45 @@ def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "redu
 
 def _momentum_steps(rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
     """The rank's momentum shard after each step, from the gradient shards the reduce-scatter delivered
-    to it; None unless every rank fed every reduce-scatter its own gradient."""
+    to it; None unless every rank fed every reduce-scatter its own gradient. Failing that, from the whole
+    gradient all-reduced at each step and this rank's shard sliced out: the right numbers (the primitives
+    check takes its points away: the same bytes, no memory saved), also beside a reduce-scatter whose
+    result goes unused."""
+    for op in ("reduce_scatter", "all_reduce"):
+        steps = _steps_through(op, rank, ws, ctx, zero_padding)
+        if steps is not None:
+            return steps
+    return None
+
+
+def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
+    """The momentum after each step from the calls of `op` that carried the steps' gradients: STEPS of them,
+    in order (others beside them, a warm-up say, are passed over)."""
     s = shard_size(ws)
-    op, delivered = "reduce_scatter", ctx.delivered(rank, "reduce_scatter")
-    if not delivered and len(ctx.delivered(rank, "all_reduce")) == STEPS:
-        # the whole gradient all-reduced, then this rank's shard sliced out: the right numbers (the
-        # primitives check takes the points away: the same bytes, no memory saved)
-        op = "all_reduce"
-        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d
-                     for d in ctx.delivered(rank, "all_reduce")]
+    delivered = ctx.delivered(rank, op)
+    if op == "all_reduce":
+        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d for d in delivered]
     reduces = ctx.reduces(rank, op)
-    if len(delivered) != STEPS or any(d.size != s for d in delivered):
+    if len(delivered) > 8:
         return None
-    momentum, out = np.zeros(s), []
-    for k in range(STEPS):
-        scales = {_fed_scale(q, k, ws, ctx, zero_padding, op) for q in range(ws)}
-        if len(scales) != 1 or None in scales:
-            return None
-        fed = scales.pop()
-        if reduces[k] == "AVG":
-            factor = 1.0 if fed == 1.0 else None       # an average of gradients / N is N times too small
+    for chosen in itertools.combinations([k for k, d in enumerate(delivered) if d.size == s], STEPS):
+        momentum, out = np.zeros(s), []
+        for step, k in enumerate(chosen, 1):
+            scales = {_fed_scale(q, k, ws, ctx, zero_padding, op, step) for q in range(ws)}
+            if len(scales) != 1 or None in scales:
+                break
+            fed = scales.pop()
+            if reduces[k] == "AVG":
+                factor = 1.0 if fed == 1.0 else None       # an average of gradients / N is N times too small
+            else:
+                factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
+            if factor is None or reduces[k] not in (None, "SUM", "AVG"):
+                break
+            momentum = MOMENTUM * momentum + factor * delivered[k]
+            out.append(momentum)
         else:
-            factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
-        if factor is None or reduces[k] not in (None, "SUM", "AVG"):
-            return None
-        momentum = MOMENTUM * momentum + factor * delivered[k]
-        out.append(momentum)
-    return out
+            return out
+    return None
 
 
 def _own_momentum(rank: int, ws: int, ctx) -> np.ndarray:
@@ -158,7 +172,7 @@ def _own_momentum(rank: int, ws: int, ctx) -> np.ndarray:
 
 def _own_shard(rank: int, ws: int, ctx):
     """The parameter shard the rank must have fed the last all-gather: updated from its own copy of its
-    shard, or from its slice of the parameters the first all-gather delivered (both honest)."""
+    shard, or from its slice of the parameters an earlier all-gather delivered (both honest)."""
     steps = _momentum_steps(rank, ws, ctx, zero_padding=False)
     s, real = shard_size(ws), _real(rank, ws)
     if steps is None:
@@ -167,8 +181,9 @@ def _own_shard(rank: int, ws: int, ctx):
     start = _padded(initial_parameters(), ws)[rank * s:(rank + 1) * s]
     bases = [start - LR * first]
     gathered = ctx.delivered(rank, "all_gather")
-    if gathered and gathered[0].size == s * ws:
-        bases.append(gathered[0][rank * s:(rank + 1) * s])
+    for earlier in gathered[:max(1, len(gathered) - 1)]:    # the last one delivers what this shard feeds
+        if earlier.size == s * ws:
+            bases.append(earlier[rank * s:(rank + 1) * s])
     return Alternatives(*[(base - LR * last)[:real] for base in bases])
 
 
