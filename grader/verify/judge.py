@@ -24,6 +24,7 @@ from ..processes.runner import RankRecord, RunOutcome
 from . import diagnose
 from .observe import RunView, Value
 from .provenance import Proof, Tracer
+from ..switch.perturb import perturbable
 
 
 @dataclass
@@ -241,8 +242,9 @@ class Judge:
                 notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
             elif proven is False:
                 outcome = Outcome.NOT_COLLECTIVE
-                notes.append(Note("fail.not_collective", {**label, "ops": _ops_text(quantity)}))
-                notes.extend(_why(proof, quantity))
+                how = self.how_computed(runs, quantity, record.rank)
+                notes.append(Note(NOT_COLLECTIVE_WORDS[how], {**label, "ops": _ops_text(quantity)}))
+                notes.extend(self._why_clean(runs, proof, quantity, how))
             elif proven is None and failure is not None:   # never observed, because the rank stopped
                 outcome, note = failure
                 notes.append(note)
@@ -330,19 +332,19 @@ class Judge:
                     continue   # a wrong value: its own checks say what is wrong with it
                 if self.provenance(runs, quantity, record.rank)[0]:
                     continue
-                if self.insensitive(runs, quantity, record.rank):
+                if self.how_computed(runs, quantity, record.rank) == "local":
                     notes.append(Note("cause.result_unused", {"quantity": quantity.name, "ops": list(quantity.through)}))
                     break
         return notes
 
-    def insensitive(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
-        """This rank returned the same value for the quantity in the clean run and in a perturbed run that
-        changed the data its operations delivered: the value was computed without that data (certain: the
-        deltas are far beyond any tolerance). False where it cannot be told (no clean run, a rank that did
-        not return in either run, values of other shapes)."""
+    def follows(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool | None:
+        """Whether this rank's value changed between the clean run and a perturbed run that changed what its
+        operations delivered (True: it depends on that data; False: it stayed exactly the same, the deltas
+        being far beyond any tolerance); None where it cannot be told (no clean run, a rank that did not
+        return in either run, values of other shapes)."""
         clean = runs.clean
         if clean is None or rank >= len(clean.ranks):
-            return False
+            return None
         for run in runs.perturbed:
             if not all(run.request.perturbs(op) for op in quantity.through) or rank >= len(run.ranks):
                 continue
@@ -352,8 +354,25 @@ class Judge:
             va, vb = self.value(a, quantity.name)[0], self.value(b, quantity.name)[0]
             if va.data is None or vb.data is None or va.data.shape != vb.data.shape or not va.floating:
                 continue
-            return bool(np.array_equal(va.data, vb.data) or diagnose.all_close(vb.data, va.data, va.dtype))
-        return False
+            return not (np.array_equal(va.data, vb.data) or diagnose.all_close(vb.data, va.data, va.dtype))
+        return None
+
+    def how_computed(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> str:
+        """For right numbers that are not proven: "local" where the value stayed the same although everything
+        its operations delivered to the rank changed (certainly computed without it); "derived" where it
+        changed with that data (computed from it, though not as the exercise asks); "untraced" otherwise
+        (say, what was delivered travelled unperturbed: pickled objects, integers)."""
+        follows = self.follows(runs, quantity, rank)
+        if follows:
+            return "derived"
+        if follows is None:
+            return "untraced"
+        perturbed = next((run for run in runs.perturbed if all(run.request.perturbs(op) for op in quantity.through)), None)
+        calls = [c for c in perturbed.ranks[rank].calls if c.op in quantity.through or
+                 (c.op == "recv" and "send" in quantity.through)] if perturbed is not None else []
+        if all(perturbable(d.get("dtype", "")) for c in calls if c.receives for d in c.delivered):
+            return "local"
+        return "untraced"
 
     def ran_cleanly(self, runs: WorldSizeRuns) -> bool:
         """The switch run that decides this world size (its clean run, else its perturbed run) ended with
@@ -440,6 +459,46 @@ class Judge:
                     return found[0]
         return None
 
+    def _why_clean(self, runs: WorldSizeRuns, proof: Proof | None, quantity: Quantity, how: str) -> list[Note]:
+        """The tracer's finding for right numbers that are not proven, as the student may read it: with the
+        clean run's values (a perturbed run's numbers are the grader's, not what the code computes), and only
+        where it holds: a send blamed as not the rank's own data is left out where the clean run shows it was
+        (the same numbers), or where another quantity through the same operation is proven on every rank
+        (its proof says what each rank sent there was its own)."""
+        if proof is None or proof.finding is None:
+            return []
+        finding, clean = proof.finding, runs.clean
+        params = finding.params
+        if finding.key == "not_delivered":
+            rank, element = params.get("rank"), params.get("element")
+            if clean is None or not isinstance(rank, int) or rank >= len(clean.ranks):
+                return []
+            data = self.value(clean.ranks[rank], quantity.name)[0].data
+            if data is None or not isinstance(element, int) or element >= data.size:
+                return []
+            key = "why.not_delivered" if how == "local" else "why.not_delivered_value"
+            return [Note(key, {"quantity": quantity.name, "rank": rank, "element": element,
+                               "value": float(data.reshape(-1)[element]), "ops": _ops_text(quantity)})]
+        if finding.key == "contribution":
+            rank, n, op = params.get("rank"), params.get("n"), params.get("op")
+            if any(other.name != quantity.name and op in other.through and other.provenance and
+                   all(self.provenance(runs, other, r)[0] for r in range(runs.world_size))
+                   for other in self.exercise.quantities):
+                return []
+            calls = clean.ranks[rank].calls if clean is not None and isinstance(rank, int) and rank < len(clean.ranks) else []
+            call = calls[n - 1] if isinstance(n, int) and 0 < n <= len(calls) and calls[n - 1].op == op else None
+            if call is None:
+                return []
+            sent = np.concatenate([v for v in call.sent_values() if v is not None] or [np.zeros(0)])
+            own = np.asarray(params.get("own") or [], dtype=np.float64)
+            if not quantity.uses_context and own.size and sent.size >= own.size and diagnose.all_close(sent[:own.size], own, "torch.float32"):
+                return []
+            notes = _why(proof, quantity)
+            for note in notes:
+                note.params["sent"] = diagnose.preview(sent)
+            return notes
+        return _why(proof, quantity)
+
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
         return Note("detail.rank_value", {
@@ -447,6 +506,10 @@ class Judge:
             "expected_shape": str(quantity.expected_shape(ws)), "expected": diagnose.preview(quantity.expected_array(rank, ws)),
             "shape": str(value.shape) if value else "-", "dtype": (value.dtype or "-") if value else "-",
             "values": diagnose.preview(value.data if value else None)})
+
+
+NOT_COLLECTIVE_WORDS = {"local": "fail.not_collective", "derived": "fail.not_collective_derived",
+                        "untraced": "fail.not_collective_untraced"}
 
 
 def _ops_text(quantity: Quantity) -> list[str]:
@@ -484,10 +547,12 @@ def _unique_causes(notes: list[Note]) -> list[Note]:
 
 
 def _drop_partial_unchanged(failed) -> None:
-    """`cause.unchanged` (the operation's result was not used) holds only if every rank whose value was
-    examined kept its own input; one rank whose input happens to equal a wrong result proves nothing."""
+    """`cause.unchanged` (the operation's result was not used), and its kin, hold only if every rank whose
+    value was examined kept its own input (divided by world_size, for `cause.own_data_divided`); one rank
+    whose input happens to equal a wrong result proves nothing."""
     examined = [notes for _, _, notes, details in failed if details]
-    if all(any(n.key == "cause.unchanged" for n in notes) for notes in examined):
-        return
-    for notes in examined:
-        notes[:] = [n for n in notes if n.key != "cause.unchanged"]
+    for key in ("cause.unchanged", "cause.unchanged_p2p", "cause.own_data_divided"):
+        if all(any(n.key == key for n in notes) for notes in examined):
+            continue
+        for notes in examined:
+            notes[:] = [n for n in notes if n.key != key]
