@@ -46,6 +46,7 @@ def every(kind: str, outcome: str, sizes=WS) -> dict:
 NOT_DIVIDED, WRONG_SHARD, LOCAL_UPDATE = ("cause.not_divided", {}), ("cause.wrong_shard", {}), ("cause.local_update", {})
 FULL_MOMENTUM, PADDING, GATHERED = ("cause.full_momentum", {}), ("cause.padding", {}), ("cause.gathered_gradients", {})
 RESET, ALL_REDUCE = ("cause.momentum_reset", {}), ("cause.forbidden_all_reduce", {"op": "all_reduce"})
+SIGN, REUSED, NOT_OWN = ("cause.sign_flipped", {}), ("cause.gradient_reused", {}), ("cause.not_own_gradient", {})
 MISTAKES = {
     "m01_no_division": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                         {"params": [NOT_DIVIDED], "momentum": [NOT_DIVIDED]}),
@@ -66,6 +67,24 @@ MISTAKES = {
     # static reduce_scatter points
     "m10_all_reduce_beside_unused_reduce_scatter": (85, every("primitives", "forbidden"), {"primitives": [ALL_REDUCE]}),
     "m09_padding_kept": (70, every("params", "wrong", HIDDEN_WS), {"params": [("cause.padding_kept", {})]}),
+    "m11_one_step": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                     {"params": [("cause.one_step", {})], "momentum": [("cause.one_step", {})]}),
+    "m12_update_sign_flipped": (55, every("params", "wrong"), {"params": [SIGN]}),
+    "m13_momentum_sign_flipped": (25, {**every("params", "wrong"), **every("momentum", "wrong")}, {"params": [SIGN], "momentum": [SIGN]}),
+    "m14_first_gradient_reused": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                                  {"params": [REUSED], "momentum": [REUSED]}),
+    # right numbers, through the operations, but no rank contributed its own gradient: not "computed locally",
+    # and not the all-gather's input to blame
+    "m15_local_average_into_reduce_scatter": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
+                                              {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+    "m16_rank0_sends_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
+                                {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+}
+# causes each was once told, falsely (engine keys, not the exercise's)
+NOT_SAID = {
+    "m10_all_reduce_beside_unused_reduce_scatter": ("why.not_delivered", "fail.not_collective"),
+    "m15_local_average_into_reduce_scatter": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
+    "m16_rank0_sends_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
 }
 # the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication";
 # the primitives too where the answer stays the same when the data in flight changes (the collectives ran on
@@ -126,6 +145,8 @@ def test_mistake_scores_and_names_its_cause_in_both_languages(graded, name):
     score, outcomes, causes = MISTAKES[name]
     results = graded["results"][name]
     assert results["score"] == score and failing(results) == outcomes, failing(results)
+    said = {c["key"] for found in results["extra_data"]["causes"].values() for c in found}
+    assert not said & set(NOT_SAID.get(name, ())), said & set(NOT_SAID[name])
     for check_id in outcomes:
         kind = check_id.split(".")[1]
         text = output_of(results, check_id)
@@ -294,6 +315,12 @@ def test_diagnosis_names_each_mistake_from_the_values_alone():
         assert _diagnose("params", ex.simulate(ws, own_gradient=True)[0], ws) == ["cause.local_update"]
         for base in ("first", "next", "previous"):
             assert _diagnose("params", ex.simulate(ws, base=base)[0], ws) == ["cause.wrong_shard"]
+        assert _diagnose("params", ex.simulate(ws, steps=1)[0], ws) == ["cause.one_step"]
+        assert _diagnose("momentum", ex.simulate(ws, steps=1)[1][mine], ws) == ["cause.one_step"]
+        assert _diagnose("params", ex.simulate(ws, sign=-1.0)[0], ws) == ["cause.sign_flipped"]
+        assert _diagnose("momentum", -right_momentum, ws) == ["cause.sign_flipped"]
+        assert _diagnose("params", ex.simulate(ws, reuse=True)[0], ws) == ["cause.gradient_reused"]
+        assert _diagnose("momentum", ex.simulate(ws, reuse=True)[1][mine], ws) == ["cause.gradient_reused"]
         assert _diagnose("momentum", np.zeros(1030), ws) == ["cause.full_momentum"]
         if 1030 % ws:
             assert _diagnose("momentum", np.zeros(1030 // ws), ws) == ["cause.padding"]

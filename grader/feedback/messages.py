@@ -131,10 +131,10 @@ CATALOG: dict[str, tuple[str, str]] = {
     "fail.not_collective": ("进程 {rank}：{quantity} 的数值是对的，但不是由 {ops} 传来的数据得到的（评分器秘密地改变了通信中的数据，你的结果没有随之变化）。请使用通信的结果，不要在本地直接算出答案。",
                             "Rank {rank}: {quantity} has the right numbers, but they were not derived from what {ops} delivered (the grader secretly changed the data in flight and your result did not follow). Use what the communication returns instead of computing the answer locally."),
     "fail.not_collective_derived": ("进程 {rank}：{quantity} 的数值是对的，也随通信中的数据而变，但它不是 {ops} 传来的、由每个进程自己的数据组成的结果"
-                                    "（评分器秘密地改变了通信中的数据，你的结果没有按通信应有的方式随之变化）：它是用传来的数据以另一种方式算出来的（见下）。",
+                                    "（评分器秘密地改变了通信中的数据，你的结果没有按通信应有的方式随之变化）：它是用传来的数据以另一种方式算出来的。",
                                     "Rank {rank}: {quantity} has the right numbers and follows the data in flight, but it is not what {ops} "
                                     "delivered, made of every rank's own data (the grader secretly changed the data in flight, and your result "
-                                    "did not follow it as the communication would): it was computed from that data in another way (see below)."),
+                                    "did not follow it as the communication would): it was computed from that data in another way."),
     "fail.not_collective_untraced": ("进程 {rank}：{quantity} 的数值是对的，但评分器无法确认它来自 {ops} 传来的数据、由每个进程自己的数据组成"
                                      "（评分器秘密地改变了通信中的数据，你的结果没有随之变化）。",
                                      "Rank {rank}: {quantity} has the right numbers, but the grader could not trace them to what {ops} "

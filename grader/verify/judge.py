@@ -22,7 +22,7 @@ from ..exercise.spec import Check, Exercise, Quantity
 from ..model import CheckResult, Note, Outcome
 from ..processes.runner import RankRecord, RunOutcome
 from . import diagnose
-from .observe import RunView, Value
+from .observe import RunContext, RunView, Value
 from .provenance import Proof, Tracer
 from ..switch.perturb import perturbable
 
@@ -469,6 +469,9 @@ class Judge:
             return []
         finding, clean = proof.finding, runs.clean
         params = finding.params
+        if quantity.uses_context and finding.key in ("not_delivered", "contribution") and \
+                self._own_unknown(runs, proof, quantity, params.get("rank")):
+            return []   # what that rank should have computed cannot be told (its inputs were not the exercise's)
         if finding.key == "not_delivered":
             rank, element = params.get("rank"), params.get("element")
             if clean is None or not isinstance(rank, int) or rank >= len(clean.ranks):
@@ -498,6 +501,20 @@ class Judge:
                 note.params["sent"] = diagnose.preview(sent)
             return notes
         return _why(proof, quantity)
+
+    def _own_unknown(self, runs: WorldSizeRuns, proof: Proof, quantity: Quantity, rank) -> bool:
+        """The exercise cannot say what `rank` should have computed in the run this proof was made in: its
+        own data, computed from what was delivered to it, is undefined (NaN: say, the ranks did not feed the
+        operations what the exercise expects)."""
+        run = next((r for r in runs.perturbed if any(self._proofs.get((id(r), quantity.name, q)) is proof
+                                                     for q in range(runs.world_size))), None)
+        if run is None or not isinstance(rank, int) or not 0 <= rank < runs.world_size:
+            return True
+        try:
+            options = quantity.local_options(rank, runs.world_size, RunContext(self.view(run)))
+        except Exception:  # noqa: BLE001  (an exercise's function never breaks grading)
+            return True
+        return all(np.isnan(option).any() for option in options)
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""

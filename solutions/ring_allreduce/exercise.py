@@ -24,6 +24,8 @@ threshold is 1 element). Every check runs such a program into the grader's deadl
 ones included, whose verdict names it: "every rank is blocked in send; post the receive first (irecv) or
 alternate the order by rank parity".
 """
+import re
+
 import numpy as np
 
 from grader.comm import COLLECTIVES
@@ -86,10 +88,30 @@ def after_reduce_scatter(ws: int, rank: int, d: int, layout) -> np.ndarray:
     return state[rank]
 
 
+def _peers(call, rank):
+    """A point-to-point call's peer as a global rank (None: not known)."""
+    peer = call.peer if call.peer is not None else call.source
+    if peer is None:
+        return None
+    group = list(call.group or ())
+    return group[peer] if 0 <= peer < len(group) else peer
+
+
 def diagnose(name, data, ws, rank, context):
-    """Which step of the ring went wrong, for a rank that returned a wrong sum. Every element of the
-    right answer is index x SCALE x N(N+1)/2; the multipliers data[i] / (i SCALE) say which ranks' data an
-    element holds."""
+    """Which step of the ring went wrong. From the rank's operations: a send to itself or to a rank that is
+    not a neighbour; from its exception: chunks cut with view / reshape, which need a length the world size
+    divides. From the values of a rank that returned a wrong sum: every element of the right answer is
+    index x SCALE x N(N+1)/2, and the multipliers data[i] / (i SCALE) say which ranks' data an element holds."""
+    calls = context.get("calls") or []
+    sends = [c for c in calls if c.op == "send"]
+    if ws > 1 and any(_peers(c, rank) == rank for c in sends):
+        return [("cause.send_to_self", {})]
+    if ws > 2 and any(_peers(c, rank) not in ((rank + 1) % ws, (rank - 1) % ws) for c in sends):
+        return [("cause.not_neighbour", {})]
+    error = context.get("error") or {}
+    message = str(error.get("message") or "")
+    if error.get("type") == "RuntimeError" and LENGTH % ws and re.search(r"shape '\[[^\]]*\]' is invalid for input of size", message):
+        return [("cause.view_uneven", {})]
     if data is None or data.size != LENGTH or ws < 2 or not context.get("returned", True):
         return []
     full = ws * (ws + 1) / 2
@@ -97,6 +119,8 @@ def diagnose(name, data, ws, rank, context):
     right = np.isclose(m, full, rtol=1e-5)
     if right.all():
         return []
+    if np.allclose(m, rank + 1, rtol=1e-5):
+        return []   # its own data, unchanged: the engine says so (nothing received reached the tensor)
     tail = LENGTH % ws
     if tail and right[: LENGTH - 1 - tail].all():
         return [("cause.uneven", {})]
@@ -105,6 +129,9 @@ def diagnose(name, data, ws, rank, context):
         return [("cause.no_all_gather", {})]
     if np.all(m >= full - 1e-3):
         return [("cause.own_twice", {})]
+    single = np.round(m)
+    if np.allclose(m, single, rtol=1e-5) and np.all((single >= 1) & (single <= ws)):
+        return [("cause.copy_not_add", {})]   # every element one rank's data: what arrived replaced, not added
     return [("cause.chunk_mixup", {})]
 
 
@@ -124,6 +151,21 @@ MESSAGES = {
                             "（再 N - 1 步），把每个进程求好的那一块传给所有进程。",
                             "Cause: one chunk holds the complete sum and the others partial sums: after the reduce-scatter "
                             "comes the all-gather phase (N - 1 more steps), which passes every rank's finished chunk to all."),
+    "cause.send_to_self": ("原因：有进程把数据发给了它自己（dst 等于自己的 rank）：环中进程 r 只发给右邻居 (r + 1) % N，只从左邻居 (r - 1) % N 接收。",
+                           "Cause: a rank sends to itself (dst is its own rank): in the ring, rank r sends only to its right neighbour "
+                           "(r + 1) % N and receives only from its left, (r - 1) % N."),
+    "cause.not_neighbour": ("原因：有进程把数据发给了不是邻居的进程（例如 rank + 2）：环中进程 r 只发给右邻居 (r + 1) % N，只从左邻居 (r - 1) % N 接收。",
+                            "Cause: a rank sends to a rank that is not its neighbour (rank + 2, say): in the ring, rank r sends only to "
+                            "its right neighbour (r + 1) % N and receives only from its left, (r - 1) % N."),
+    "cause.view_uneven": ("原因：tensor.view(world_size, -1)（或 reshape）要求长度能被 world_size 整除，而这个张量的长度不能：请把它切成大小不等的块，"
+                          "例如 tensor.tensor_split(world_size)（块是原张量的视图，写入块就是写入张量）。",
+                          "Cause: tensor.view(world_size, -1) (or reshape) needs a length that world_size divides, and this tensor's "
+                          "length is not divisible by it: cut it into chunks of unequal sizes instead, tensor.tensor_split(world_size) "
+                          "(views of the tensor: writing a chunk writes the tensor)."),
+    "cause.copy_not_add": ("原因：每个元素只含一个进程的数据，不是总和：Reduce-Scatter 的每一步要把收到的块加到自己的块上（chunk += incoming，或 add_），"
+                           "不能用它覆盖（copy_、赋值）——覆盖会丢掉已经累加的部分和。",
+                           "Cause: every element holds one rank's data, not the sum: at each reduce-scatter step add what arrived to "
+                           "your chunk (chunk += incoming, or add_); copying it over (copy_, assignment) throws the partial sum away."),
     "cause.chunk_mixup": ("原因：有的块不是所有进程数据的总和（有的进程缺了，有的多算了）——检查每一步发送和接收的块号："
                           "第 s 步，进程 r 在 Reduce-Scatter 中发送块 (r - s) % N、接收块 (r - s - 1) % N；"
                           "在 All-Gather 中发送块 (r + 1 - s) % N、接收块 (r - s) % N。",

@@ -74,16 +74,18 @@ def _real(rank: int, ws: int) -> int:
 # -- the reference, and the same loop with a mistake in it --------------------------------------------
 @functools.lru_cache(maxsize=64)
 def simulate(ws: int, divide: bool = True, carry: bool = True, own_gradient: bool = False,
-             base: str = "own") -> tuple[np.ndarray, np.ndarray]:
+             base: str = "own", steps: int = STEPS, sign: float = 1.0, reuse: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(parameters [P], momentum shards [shard * ws]) after STEPS sharded steps on ws ranks, each rank
     updating its shard with the averaged gradient. The mistakes: divide=False, the sum not divided;
     carry=False, the momentum restarted every step; own_gradient, each rank's shard updated with its
     own local gradient; base, the parameters a rank's update starts from: "own" (its shard), "first"
-    (shard 0 for every rank), "next" / "previous" (the shard of rank q + 1 / q - 1)."""
+    (shard 0 for every rank), "next" / "previous" (the shard of rank q + 1 / q - 1); steps, how many
+    steps are made; sign=-1, the update added instead of subtracted; reuse, the first step's gradient
+    used again at every step."""
     s = shard_size(ws)
     params, momentum = _padded(initial_parameters(), ws), np.zeros(s * ws)
-    for step in range(1, STEPS + 1):
-        total = np.sum([local_gradient(q, step) for q in range(ws)], axis=0)
+    for step in range(1, steps + 1):
+        total = np.sum([local_gradient(q, 1 if reuse else step) for q in range(ws)], axis=0)
         mean = _padded(total / (ws if divide else 1), ws)
         updated = np.empty_like(params)
         for q in range(ws):
@@ -91,7 +93,7 @@ def simulate(ws: int, divide: bool = True, carry: bool = True, own_gradient: boo
             grad = _padded(local_gradient(q, step), ws)[mine] if own_gradient else mean[mine]
             momentum[mine] = (MOMENTUM * momentum[mine] if carry else 0) + grad
             b = {"own": q, "first": 0, "next": (q + 1) % ws, "previous": (q - 1) % ws}[base]
-            updated[mine] = params[b * s:(b + 1) * s] - LR * momentum[mine]
+            updated[mine] = params[b * s:(b + 1) * s] - sign * LR * momentum[mine]
         params = updated
     return params[:P], momentum
 
@@ -217,6 +219,18 @@ def _gathered_gradients(calls, ws: int) -> bool:
     return False
 
 
+def _not_own_gradient(calls, ws: int, rank: int) -> bool:
+    """The rank fed its reduce-scatters something, but never its own gradient of a step (nor that gradient
+    / N): an average it computed itself, or one rank's sum sent for all."""
+    sent = [np.concatenate([v for v in c.sent_values() if v is not None] or [np.zeros(0)])
+            for c in calls if c.op == "reduce_scatter" and c.sends]
+    sent = [v for v in sent if v.size == shard_size(ws) * ws]
+    if not sent:
+        return False
+    own = [scale * local_gradient(rank, step) for step in range(1, STEPS + 1) for scale in (1.0, 1.0 / ws)]
+    return not any(_close(v[:P], g) for v in sent for g in own)
+
+
 def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
     """Causes named in the exercise's terms (no values: hidden checks may show them)."""
     calls = context.get("calls") or []
@@ -230,6 +244,8 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
         out.append(("cause.padding", {}))
     if _gathered_gradients(calls, ws):
         out.append(("cause.gathered_gradients", {}))
+    if _not_own_gradient(calls, ws, rank):
+        out.append(("cause.not_own_gradient", {}))
     if context.get("outcome") != "wrong" or values is None:
         return out   # the numbers below explain wrong values only
     if quantity == "momentum":
@@ -244,13 +260,21 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
             out.append(("cause.not_divided", {}))
         elif _close(values, simulate(ws, carry=False)[1][mine]):
             out.append(("cause.momentum_reset", {}))
+        elif _close(values, simulate(ws, steps=1)[1][mine]):
+            out.append(("cause.one_step", {}))
+        elif _close(values, -simulate(ws)[1][mine]):
+            out.append(("cause.sign_flipped", {}))
+        elif _close(values, simulate(ws, reuse=True)[1][mine]):
+            out.append(("cause.gradient_reused", {}))
     if quantity == "params":
         if shape == [s * ws] and shape != [P]:
             out.append(("cause.padding_kept", {}))
         elif values.size == P:
             mistakes = (("cause.not_divided", {"divide": False}), ("cause.momentum_reset", {"carry": False}),
                         ("cause.local_update", {"own_gradient": True}), ("cause.wrong_shard", {"base": "first"}),
-                        ("cause.wrong_shard", {"base": "next"}), ("cause.wrong_shard", {"base": "previous"}))
+                        ("cause.wrong_shard", {"base": "next"}), ("cause.wrong_shard", {"base": "previous"}),
+                        ("cause.one_step", {"steps": 1}), ("cause.sign_flipped", {"sign": -1.0}),
+                        ("cause.gradient_reused", {"reuse": True}))
             out += [(key, {}) for key, knobs in mistakes if _close(values, simulate(ws, **knobs)[0])][:1]
             tail = P // ws * ws
             if P % ws and _close(values[:tail], simulate(ws)[0][:tail]):
@@ -331,6 +355,25 @@ MESSAGES = {
         "原因：每个进程用自己的本地梯度更新了全部参数再做 all_gather：应当只更新自己的分片，而且要用 reduce_scatter 得到的平均梯度。",
         "Cause: every rank updated the full parameters with its own local gradient, then gathered them: update only "
         "your shard, with the averaged gradient that reduce_scatter delivered."),
+    "cause.one_step": (
+        "原因：只做了一步更新：要做 STEPS 步（对每一步循环），每一步都 reduce_scatter、更新、all_gather。",
+        "Cause: only one step was made: make STEPS steps (a loop over the steps), each one a reduce_scatter, an "
+        "update and an all_gather."),
+    "cause.sign_flipped": (
+        "原因：更新的方向反了（每个更新量正好取了相反数）：梯度下降是 momentum = MOMENTUM * momentum + grad，"
+        "param_shard = param_shard - LR * momentum（减号）。",
+        "Cause: the update goes the wrong way (every step of it exactly negated): gradient descent is momentum = "
+        "MOMENTUM * momentum + grad, then param_shard = param_shard - LR * momentum (a minus)."),
+    "cause.gradient_reused": (
+        "原因：第二步用的还是第一步的梯度：每一步都要重新取本步的梯度 local_gradient(rank, step)，再做 reduce_scatter。",
+        "Cause: the second step used the first step's gradient again: take each step's own gradient, "
+        "local_gradient(rank, step), and reduce_scatter it at that step."),
+    "cause.not_own_gradient": (
+        "原因：reduce_scatter 收到的不是本进程自己的梯度（local_gradient(rank, step)）：每个进程都应发送自己的梯度，"
+        "由 reduce_scatter 求和；自己在本地算好平均值再发送，或者由一个进程替所有进程发送，都不是通信得到的结果。",
+        "Cause: reduce_scatter was not fed this rank's own gradient (local_gradient(rank, step)): every rank sends its own "
+        "gradient and reduce_scatter sums them; an average a rank computed itself, or one rank sending for all, is not "
+        "what the communication computes."),
     "cause.gathered_gradients": (
         "原因：all_gather 收集的是梯度分片，然后每个进程在本地更新完整参数；ZeRO 收集的是更新后的参数分片。",
         "Cause: the all_gather collected gradient shards and every rank then updated the full parameters itself; ZeRO "
