@@ -76,16 +76,47 @@ def _layouts(ws: int) -> list[list[tuple[int, int]]]:
     return [split, ceil]
 
 
-def after_reduce_scatter(ws: int, rank: int, d: int, layout) -> np.ndarray:
+def after_reduce_scatter(ws: int, rank: int, d: int, layout, add: bool = True) -> np.ndarray:
     """Rank `rank`'s tensor after the N - 1 reduce-scatter steps of a ring turning d (+1 or -1), and no
-    all-gather: what a solution that stops halfway returns."""
+    all-gather: what a solution that stops halfway returns. add=False: each step copies what arrived
+    over the chunk instead of adding it."""
+    return _ring(ws, d, layout, add, gather=False)[rank]
+
+
+def _ring(ws: int, d: int, layout, add: bool, gather: bool, sends: list | None = None) -> list[np.ndarray]:
+    """Every rank's tensor after a ring turning d (the reduce-scatter, then the all-gather if `gather`);
+    `sends`, when given, collects what each rank sends, in order (one list per rank)."""
     state = [local(q, ws) for q in range(ws)]
+    if sends is not None:
+        sends[:] = [[] for _ in range(ws)]
     for s in range(ws - 1):
         sent = [state[q][slice(*layout[(q - d * s) % ws])].copy() for q in range(ws)]
         for q in range(ws):
             a, b = layout[(q - d * s) % ws]
-            state[(q + d) % ws][a:b] += sent[q]
-    return state[rank]
+            if add:
+                state[(q + d) % ws][a:b] += sent[q]
+            else:
+                state[(q + d) % ws][a:b] = sent[q]
+        for q in range(ws) if sends is not None else ():
+            sends[q].append(sent[q])
+    for s in range(ws - 1 if gather else 0):
+        sent = [state[q][slice(*layout[(q + d - d * s) % ws])].copy() for q in range(ws)]
+        for q in range(ws):
+            a, b = layout[(q + d - d * s) % ws]
+            state[(q + d) % ws][a:b] = sent[q]
+        for q in range(ws) if sends is not None else ():
+            sends[q].append(sent[q])
+    return state
+
+
+def copied_not_added(ws: int, rank: int, d: int, layout, sent: list) -> bool:
+    """The rank's sends are, one by one, those of a whole ring turning d whose reduce-scatter steps copy what
+    arrived over the chunk (copy_) instead of adding it. (Its values alone do not tell: an all-gather that
+    starts one chunk early ends with the same numbers, from other sends.)"""
+    expected: list = []
+    _ring(ws, d, layout, add=False, gather=True, sends=expected)
+    mine = expected[rank]
+    return len(sent) == len(mine) and all(a.shape == b.shape and np.allclose(a, b, rtol=1e-5) for a, b in zip(sent, mine))
 
 
 def _peers(call, rank):
@@ -129,9 +160,9 @@ def diagnose(name, data, ws, rank, context):
         return [("cause.no_all_gather", {})]
     if np.all(m >= full - 1e-3):
         return [("cause.own_twice", {})]
-    single = np.round(m)
-    if np.allclose(m, single, rtol=1e-5) and np.all((single >= 1) & (single <= ws)):
-        return [("cause.copy_not_add", {})]   # every element one rank's data: what arrived replaced, not added
+    sent = [np.concatenate([v for v in c.sent_values() if v is not None] or [np.zeros(0)]) for c in sends]
+    if any(copied_not_added(ws, rank, d, layout, sent) for d in (1, -1) for layout in _layouts(ws)):
+        return [("cause.copy_not_add", {})]   # what arrived replaced the partial sum instead of adding to it
     return [("cause.chunk_mixup", {})]
 
 
@@ -162,10 +193,11 @@ MESSAGES = {
                           "Cause: tensor.view(world_size, -1) (or reshape) needs a length that world_size divides, and this tensor's "
                           "length is not divisible by it: cut it into chunks of unequal sizes instead, tensor.tensor_split(world_size) "
                           "(views of the tensor: writing a chunk writes the tensor)."),
-    "cause.copy_not_add": ("原因：每个元素只含一个进程的数据，不是总和：Reduce-Scatter 的每一步要把收到的块加到自己的块上（chunk += incoming，或 add_），"
-                           "不能用它覆盖（copy_、赋值）——覆盖会丢掉已经累加的部分和。",
-                           "Cause: every element holds one rank's data, not the sum: at each reduce-scatter step add what arrived to "
-                           "your chunk (chunk += incoming, or add_); copying it over (copy_, assignment) throws the partial sum away."),
+    "cause.copy_not_add": ("原因：每个元素只含一个进程的数据，不是总和，正是 Reduce-Scatter 每一步用收到的块覆盖自己的块时的结果："
+                           "要把收到的块加到自己的块上（chunk += incoming，或 add_），不能用它覆盖（copy_、赋值）——覆盖会丢掉已经累加的部分和。",
+                           "Cause: every element holds one rank's data, not the sum, exactly what a ring gives whose reduce-scatter "
+                           "steps copy what arrived over the chunk: add it to your chunk instead (chunk += incoming, or add_); copying "
+                           "it over (copy_, assignment) throws the partial sum away."),
     "cause.chunk_mixup": ("原因：有的块不是所有进程数据的总和（有的进程缺了，有的多算了）——检查每一步发送和接收的块号："
                           "第 s 步，进程 r 在 Reduce-Scatter 中发送块 (r - s) % N、接收块 (r - s - 1) % N；"
                           "在 All-Gather 中发送块 (r + 1 - s) % N、接收块 (r - s) % N。",
