@@ -178,6 +178,8 @@ MISTAKES = [
     ("m32_micro_batches_divided_twice", 55, ids((2, 3, 4), "all_reduce", "wrong"), [("cause.divided_twice", {"quantity": "gradient"})]),
     ("m33_all_reduce_per_micro_batch", 55, ids((2, 3, 4), "all_reduce", "not_collective"),
      [("fail.not_collective_derived", {"rank": 0, "quantity": "gradient", "ops": ["all_reduce"]})]),
+    ("m34_all_reduce_result_unused", 55, ids((2, 3, 4), "all_reduce", "wrong"),
+     [("cause.unchanged", {"quantity": "gradient", "op": "all_reduce"})]),
 ]
 # causes a mistake must not be said to have (each was once said of it, falsely)
 NOT_SAID = {

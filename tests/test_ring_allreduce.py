@@ -100,6 +100,17 @@ MISTAKES = {
     "m13_ring_on_a_clone": (20, {"ws2.values": ["cause.unchanged_p2p"], "ws5.values": ["cause.unchanged_p2p"]}),
     "m14_send_to_rank_plus_two": (10, {"ws2.values": ["ring_allreduce.cause.send_to_self"], "ws4.values": ["ring_allreduce.cause.not_neighbour"]}),
     "m15_send_to_self": (10, {"ws2.values": ["ring_allreduce.cause.send_to_self"], "ws3.values": ["ring_allreduce.cause.send_to_self"]}),
+    "m16_recv_buffer_too_long": (10, {"ws2.values": ["cause.p2p_too_short"], "ws4.values": ["cause.p2p_too_short"]}),
+    "m17_recv_buffer_float64": (10, {"ws2.values": ["cause.p2p_dtype"], "ws3.values": ["cause.p2p_dtype"]}),
+    "m18_dist_all_reduce": (0, {"static.p2p_only": ["static.forbidden", "ring_allreduce.cause.forbidden"],
+                                "ws2.p2p_only": ["fail.forbidden_op", "ring_allreduce.cause.forbidden"]}),
+    # right sums, wrong traffic: the value points stay, the traffic's are named by the figures
+    "m19_all_gather_twice": (80, {"ws2.traffic": ["cause.traffic_sends", "cause.traffic_bytes"], "ws5.traffic": ["cause.traffic_bytes"]}),
+    "m20_unbalanced_chunks": (80, {"ws2.traffic": ["cause.traffic_chunk"], "ws4.traffic": ["cause.traffic_chunk"]}),
+    "m21_send_float64": (80, {"ws2.traffic": ["cause.traffic_dtype"], "ws3.traffic": ["cause.traffic_dtype"]}),
+    "m22_two_rings_both_ways": (65, {"ws3.ring": ["cause.traffic_peers"], "ws5.ring": ["cause.traffic_peers"],
+                                     "ws3.traffic": ["cause.traffic_sends"]}),
+    "m23_ring_with_stride_two": (95, {"ws5.ring": ["cause.traffic_not_neighbour"]}),
 }
 # causes each was once told, falsely
 NOT_SAID = {
@@ -107,6 +118,7 @@ NOT_SAID = {
     "m13_ring_on_a_clone": ("cause.unchanged", "ring_allreduce.cause.chunk_mixup"),   # "the result of isend was not used"
     "m14_send_to_rank_plus_two": ("cause.unchanged",),
     "m15_send_to_self": ("cause.unchanged",),
+    "m22_two_rings_both_ways": ("cause.traffic_gather",),   # at 3 ranks every rank hears from both others: no gather
 }
 
 

@@ -79,7 +79,15 @@ MISTAKES = {
                                               {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
     "m16_rank0_sends_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
                                 {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+    # the momentum from an average computed locally: right numbers that ignore the reduce-scatter's data, so
+    # the primitives too (the engine's cause, below)
+    "m17_momentum_from_a_local_average": (10, {**every("params", "not_collective"), **every("momentum", "not_collective"),
+                                               **every("primitives", "not_collective")}, {}),
+    # only the last rank's shard holds padding: the other ranks' momentum is right and proven
+    "m18_padding_not_zero": (80, every("momentum", "wrong", HIDDEN_WS), {"momentum": [("cause.padding_not_zero", {})]}),
 }
+# the engine's causes a mistake's checks of a kind name
+ENGINE_CAUSES = {"m17_momentum_from_a_local_average": {"primitives": "cause.result_unused"}}
 # causes each was once told, falsely (engine keys, not the exercise's)
 NOT_SAID = {
     "m10_all_reduce_beside_unused_reduce_scatter": ("why.not_delivered", "fail.not_collective"),
@@ -147,6 +155,8 @@ def test_mistake_scores_and_names_its_cause_in_both_languages(graded, name):
     assert results["score"] == score and failing(results) == outcomes, failing(results)
     said = {c["key"] for found in results["extra_data"]["causes"].values() for c in found}
     assert not said & set(NOT_SAID.get(name, ())), said & set(NOT_SAID[name])
+    for kind, key in ENGINE_CAUSES.get(name, {}).items():
+        assert all(key in {c["key"] for c in results["extra_data"]["causes"][f"ws{ws}.{kind}"]} for ws in WS), (kind, key)
     for check_id in outcomes:
         kind = check_id.split(".")[1]
         text = output_of(results, check_id)

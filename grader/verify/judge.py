@@ -159,7 +159,15 @@ class Judge:
             return self.evaluate_uses(check, runs)
         if check.kind == "traffic":
             from .traffic import evaluate_traffic
-            return evaluate_traffic(self, check, runs)
+            result = evaluate_traffic(self, check, runs)
+            if result.outcome is Outcome.WRONG and any(n.key == "cause.traffic_needs_value" for n in result.notes):
+                # traffic counts for a correct answer only: where there is none because the run failed (an
+                # exception, a deadlock ...), the outcome says so, as the value check's does
+                values = self.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden,
+                                                   world_size=check.world_size, quantity=check.quantity), runs)
+                if values.outcome not in (Outcome.WRONG, Outcome.NOT_COLLECTIVE, Outcome.PASS, Outcome.GRADER_ERROR):
+                    result = CheckResult(check, values.outcome, result.score, result.notes, result.details)
+            return result
         return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": f"unknown check kind {check.kind}"})])
 
     def evaluate_value(self, check: Check, runs: WorldSizeRuns) -> CheckResult:

@@ -168,7 +168,8 @@ def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list
 
 
 def _own_momentum(rank: int, ws: int, ctx) -> np.ndarray:
-    steps = _momentum_steps(rank, ws, ctx, zero_padding=True)
+    # the padding the ranks feed lands in the shard that holds it (the last rank's): only there must it be zeros
+    steps = _momentum_steps(rank, ws, ctx, zero_padding=_real(rank, ws) < shard_size(ws))
     return steps[-1] if steps is not None else np.full(shard_size(ws), np.nan)
 
 
