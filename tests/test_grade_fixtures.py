@@ -219,6 +219,16 @@ def test_mistakes_score_and_are_named(lang, batch):
         assert_hidden_reveals_nothing(results)
 
 
+@pytest.mark.timeout(420)
+def test_visible_notes_show_the_clean_runs_values(batch):
+    """The tracer works on a perturbed run; the numbers a student reads are the clean run's, what the code
+    computes (m22's gradient is right: 1.5 at 2 ranks, not 1.5 plus the grader's deltas)."""
+    results = batch("mistakes", "en", "--time-limit", "4")["m22_gather_then_sum"]
+    test = next(t for t in results["tests"] if t["name"] == "Gradient averaged with all_reduce (2 ranks)")
+    assert render("why.not_delivered_value", {"rank": 0, "quantity": "gradient", "element": 0, "value": 1.5,
+                                              "ops": ["all_reduce"]}, "en") in test["output"], test["output"]
+
+
 def test_there_are_enough_mistakes():
     assert len(MISTAKES) >= 20
 
