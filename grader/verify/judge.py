@@ -23,8 +23,8 @@ from ..model import CheckResult, Note, Outcome
 from ..processes.runner import RankRecord, RunOutcome
 from . import diagnose
 from .observe import RunContext, RunView, Value
-from .provenance import Proof, Tracer
 from ..switch.perturb import perturbable
+from .provenance import Proof, Tracer
 
 
 @dataclass
@@ -284,8 +284,9 @@ class Judge:
         through" is evidence, not a call count: a quantity with the right numbers is proven from what its
         operations delivered, or at least follows that data; right numbers that stay the same when the
         grader changes the data in flight were computed without it (collectives on zeros, or on real data
-        whose results are never read, beside a local answer). A wrong value is left to its own checks. The outcome says what happened: a
-        forbidden operation, a rank that failed (so that an operation never completed), or a wrong use."""
+        whose results are never read, beside a local answer). A wrong value is left to its own checks.
+        The outcome says what happened: a forbidden operation, a rank that failed (so that an operation
+        never completed), right numbers computed without the operations' data, or a wrong use."""
         run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
         if run is None or run.stop == "grader_error":
             return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
