@@ -17,12 +17,13 @@ shard it computed from the gradient shards the reduce-scatter delivered to it (i
 shard at step 2, or the slice of the gathered parameters), and fed the reduce-scatter its own full
 gradient (or that gradient / N with a sum); its momentum is the one it computed from those deliveries.
 A gradient all-reduced whole and then sliced gives the right numbers from what the all-reduce delivered
-(it is perturbed too): the value points, not the primitives points.
+(it is perturbed too): the value points, not the primitives points, also beside a reduce-scatter whose
+result goes unused (calls beside the steps', a warm-up say, are passed over).
 
 Points (100): static 10 (run_worker reaches reduce_scatter 5, all_gather 5); for each world size 30:
 the parameters 15, the momentum shard (sharded optimizer state) 10, the primitives 5 (reduce_scatter
-and all_gather used, no all_reduce: the same bytes as reduce-scatter + all-gather, with no saving in
-memory). World size 2 is visible (P = 1030 is a multiple of 2); 3 and 4 are hidden (1030 is a multiple
+and all_gather used, the quantities through them, no all_reduce: the same bytes as reduce-scatter +
+all-gather, with no saving in memory). World size 2 is visible (P = 1030 is a multiple of 2); 3 and 4 are hidden (1030 is a multiple
 of neither: the padding counts).
 """
 from __future__ import annotations
