@@ -182,11 +182,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                         "Cause: {op} (line {line}) used ReduceOp.{reduce}; this needs SUM (then divide by world_size) or AVG."),
     "cause.unchanged": ("原因：{quantity} 和本进程自己的数据一样，说明 {op} 的结果没有被使用（例如对副本 t.clone() 调用了 {op}；t = dist.{op}(t) 会得到 None；async_op=True 时要先 wait()）。",
                         "Cause: {quantity} equals this rank's own data, so the result of {op} was not used ({op} on a copy, t.clone() say; t = dist.{op}(t) gives None; async_op=True needs wait())."),
-    "cause.own_data_divided": ("原因：{quantity} 是本进程自己的数据除以 world_size，{op} 的求和结果没有进入它：{op} 作用在了一个之后被丢掉的张量上"
-                               "（例如副本 t.clone()，或者用了它的返回值）。请对要保留的那个张量调用 {op}，再除以 world_size。",
-                               "Cause: {quantity} is this rank's own data divided by world_size: the sum {op} delivered never reached it. {op} "
-                               "ran on a tensor that was then dropped (a copy such as t.clone(), or its return value was used): "
-                               "call {op} on the tensor you keep, then divide by world_size."),
+    "cause.own_data_divided": ('原因：{quantity} 是本进程自己的数据除以 world_size，{op} 的求和结果没有进入它（例如 {op} 作用在了一个之后被丢掉的副本 t.clone() 上，或者它的结果又被覆盖了）。请对要保留的那个张量调用 {op}，再除以 world_size。',
+                              "Cause: {quantity} is this rank's own data divided by world_size: the sum {op} delivered never reached it ({op} ran on a copy that was then dropped, t.clone() say, or its result was overwritten). Call {op} on the tensor you keep, then divide by world_size."),
     "cause.unchanged_p2p": ("原因：{quantity} 仍然是本进程自己的数据：收到的数据没有进入它。交换是在副本上进行的（t.clone()、torch.cat(...)、新建的张量），"
                             "或者收到的数据没有写回传进来的那个张量：请原地修改这个张量，或者最后把结果拷回去（tensor.copy_(result)）。",
                             "Cause: {quantity} is still this rank's own data: nothing it received reached it. The exchange ran on a copy "
@@ -201,11 +198,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                                   "Cause: some buffers of the output list share memory (the same tensor placed in several slots "
                                   "of the list), so those slots all end with the data of the last rank written there. "
                                   "Make one tensor per rank."),
-    "cause.interleaved": ("原因：{quantity} 里各进程的数据逐个元素交错排列：输出缓冲区是同一个二维张量（分段长度 × world_size）的列，按行展平时各分段就交错了。"
-                          "请让每个进程的缓冲区是一行（world_size × 分段长度 的张量的行，或者各自独立的张量），再用 torch.cat 拼接。",
-                          "Cause: the ranks' data in {quantity} is interleaved element by element: the output buffers were the columns of "
-                          "one (slice length, world_size) tensor, and flattening it row by row interleaves the slices. Make each rank's "
-                          "buffer a row (of a (world_size, slice length) tensor, or a tensor of its own), then torch.cat them."),
+    "cause.interleaved": ('原因：{quantity} 里各进程的数据逐个元素交错排列，就像输出缓冲区是同一个二维张量（分段长度 × world_size）的列、或者分段沿最后一维堆叠后再按行展平时那样。请让每个进程的缓冲区是一行（world_size × 分段长度 的张量的行，或者各自独立的张量），再用 torch.cat 拼接。',
+                         "Cause: the ranks' data in {quantity} is interleaved element by element, as when the output buffers are the columns of one (slice length, world_size) tensor, or the slices are stacked along the last dimension, and that is flattened row by row. Make each rank's buffer a row (of a (world_size, slice length) tensor, or a tensor of its own), then torch.cat them."),
     "cause.concat_divided": ("原因：{quantity} 被除以了 world_size：all_gather 只是把各进程的分段拼起来，并不求和，不需要求平均。",
                              "Cause: {quantity} was divided by world_size: all_gather collects the slices without adding them, so there is "
                              "nothing to average."),
