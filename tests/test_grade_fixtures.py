@@ -35,7 +35,9 @@ def texts(results: dict) -> str:
 _BATCHES: dict = {}
 ZH_SAMPLE = ("m01_summed_not_averaged", "m09_only_rank0_gathers", "m14_exception_rank1", "m16_reduce_op_max",
              "m18_rank_not_rank_plus_one", "m20_swapped_return", "m22_gather_then_sum", "m25_all_reduce_on_a_copy",
-             "m30_buffers_aliased_from_the_third", "m33_all_reduce_per_micro_batch")
+             "m26_gathered_in_reverse_order", "m27_feature_divided_by_world_size", "m28_own_slice_inserted_again",
+             "m29_column_views_interleave", "m30_buffers_aliased_from_the_third", "m31_feature_todo_left_at_zeros",
+             "m32_micro_batches_divided_twice", "m33_all_reduce_per_micro_batch", "m34_all_reduce_result_unused")
 
 
 @pytest.fixture(scope="module")

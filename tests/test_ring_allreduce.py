@@ -138,6 +138,20 @@ def test_mistakes_score_and_name_their_cause(mistakes):
 
 
 @pytest.mark.timeout(420)
+def test_hidden_checks_of_a_failed_run_say_what_happened(mistakes):
+    """A run that raised (view on a length no world size divides): every hidden check says the code raised,
+    the ring and traffic checks too (their points count for a correct sum only), never just "the result is
+    wrong"; and the cause is named there, without values."""
+    results = mistakes["m11_view_needs_a_divisible_length"]
+    hidden = [t for t in results["tests"] if t["name"].startswith("Hidden check")]
+    assert len(hidden) == 9
+    said = render("status.failed", {}, "en") + ": " + render("hint.exception", {}, "en")
+    assert all(t["output"].splitlines()[0] == said for t in hidden), [t["output"] for t in hidden]
+    cause = render("ring_allreduce.cause.view_uneven", {}, "en")
+    assert all(cause in t["output"] for t in hidden if "values" in t["name"])
+
+
+@pytest.mark.timeout(420)
 def test_wrong_traffic_keeps_the_value_points_and_names_the_figures(mistakes):
     gather = mistakes["m05_gather_to_root"]
     assert {k: v for k, v in outcomes(gather).items() if v != "pass"} == {

@@ -191,7 +191,7 @@ CATALOG: dict[str, tuple[str, str]] = {
                             "given: work on that tensor in place, or copy the result back (tensor.copy_(result))."),
     "cause.op_missing": ("原因：{quantity} 应当通过 {ops} 得到，但 {ops} 一次也没有运行（这个 TODO 还没有完成？）。",
                          "Cause: {quantity} must come through {ops}, but {ops} never ran (is that TODO still open?)."),
-    "cause.concat_order": ("原因：{quantity} 里每个进程的分段都在，但顺序不对：输出列表的第 k 个位置是进程 k 的数据，请按列表原来的顺序（进程编号顺序）拼接。",
+    "cause.concat_order": ("原因：{quantity} 里每个进程的分段都在，但顺序不对：输出列表中位置 k 上是进程 k 的数据，请按列表原来的顺序（进程编号顺序）拼接。",
                            "Cause: every rank's slice is in {quantity}, but in the wrong order: slot k of the output holds rank k's data, so "
                            "concatenate the list in its own order (rank order)."),
     "cause.shared_buffers_some": ("原因：输出列表里有几个缓冲区共享同一块内存（例如同一个张量被放进了列表的好几个位置），这些位置最后都是写入它们的最后一个进程的数据。请为每个进程创建独立的张量。",
