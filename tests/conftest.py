@@ -1,6 +1,7 @@
 """Shared helpers: grade fixture submissions through the real command line."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock   # torch's own dependency
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -26,6 +28,39 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None) -
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def graded_folder(tmp_path_factory, folder: str, exercise: str, lang: str = "en", *extra: str,
+                  only: tuple = ()) -> Path:
+    """The --out folder of ONE `batch` call over tests/fixtures/<folder> (or over the files of it named in
+    `only`), shared by every test file and every xdist worker of the session that asks the same: test files
+    that judge the same gradings from different sides (scores, causes, wording) grade them once."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent   # the workers' common folder
+    key = hashlib.sha256(json.dumps([folder, exercise, lang, extra, only]).encode()).hexdigest()[:16]
+    out = base / "graded" / f"{folder.replace('/', '-')}-{lang}-{key}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / ".done").exists():
+            return out
+        source = FIXTURES / folder
+        if only:   # a class of a few of them
+            source = out.parent / f"{out.name}-class"
+            source.mkdir(exist_ok=True)
+            for name in only:
+                (source / f"{name}.py").write_bytes((FIXTURES / folder / f"{name}.py").read_bytes())
+        proc = run_cli("batch", str(source), "--out", str(out), "--exercise", exercise, "--lang", lang,
+                       "--jobs", "2", *extra, timeout=500)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stdout + proc.stderr
+        (out / ".done").write_text("")
+    return out
+
+
+def results_of(out: Path) -> dict:
+    """{student: results.json} of a batch's --out folder."""
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in out.glob("*.json")}
 
 
 def grade_cli(path: Path, tmp_path: Path, *extra: str, lang: str = "en") -> tuple[dict, subprocess.CompletedProcess]:
@@ -53,7 +88,7 @@ def grade(tmp_path):
 
 # The files that take longest go to the workers first (--dist loadfile hands out files in collection
 # order): the workers then finish together instead of one running the last big file alone.
-SLOWEST_FIRST = ["test_attacks.py", "test_grade_fixtures.py", "test_ring_allreduce.py", "test_sandbox.py", "test_zero_sharded_step.py",
+SLOWEST_FIRST = ["test_attacks.py", "test_grade_fixtures.py", "test_causes.py", "test_ring_allreduce.py", "test_sandbox.py", "test_zero_sharded_step.py",
                  "test_cli.py", "test_batch.py", "test_nbgrader_e2e.py", "test_notebook.py", "test_discovery.py"]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -23,7 +22,6 @@ ATTACKS = FIXTURES / "attacks"
 
 # A forged or broken protocol (raw frames, a sabotaged reporter, a setup_error frame after "ready") stops the
 # run with a verdict that names the rank (Outcome.PROTOCOL): what was right before it (a snapshot) still counts.
-TELL = "the clean run decides traffic / uses checks, and a rank can tell it from the perturbed run"
 
 # attack -> (the score it deserves, why it is expected to fail today (None: the grader holds))
 EXPECTED = {
@@ -62,6 +60,8 @@ EXPECTED = {
         "a31_library_view_kernel": (55, None),
     },
     "ring_allreduce": {
+        # an answer the operations' data did not make (the values' numbers stay the same when the data in
+        # flight changes) earns no "uses" points either (issue 19): 10 for the static check alone
         # every run is judged: the perturbed run's whole-tensor sends fail the traffic checks and, at 3 ranks
         # and more, the ring; at 2 ranks, two ranks that send only to each other are the ring's shape (+5)
         "a01_tell_runs_apart_fake_ring_in_clean_run": (65, None),
@@ -70,31 +70,31 @@ EXPECTED = {
         "a04_int16_chunks": (20, None),
         "a05_whole_tensor_ring_padded_sends": (80, None),
         "a06_functional_collective_on_own_group": (0, None),
-        "a07_one_rank_sends_the_answer": (20, None),
+        "a07_one_rank_sends_the_answer": (10, None),
         "a08_probe_zeros_then_local": (20, None),
-        "a09_racing_thread_writes_answer": (20, None),
+        "a09_racing_thread_writes_answer": (10, None),
         "a10_read_before_wait": (20, None),
         "a11_exit_mid_ring": (20, None),
         "a12_raw_garbage_mid_ring": (20, None),
         # a value returned in half precision keeps float32's tolerance (the exercise asks for no less)
         "a13_float16_ring_float16_result": (20, None),
-        "a14_wrap_channel_send_forge_result": (20, None),
-        "a15_library_copy_kernel": (20, None),
+        "a14_wrap_channel_send_forge_result": (10, None),
+        "a15_library_copy_kernel": (10, None),
         "a16_side_channel_chunks": (100, None),
     },
     "zero_sharded_step": {
-        "a01_tell_runs_apart_all_reduce_in_perturbed_run": (85, TELL + ": reduce_scatter in the clean run "
-                                                                "earns the primitives (100 instead of 85)"),
+        # every run is judged: the all_reduce of its perturbed run fails the primitives check
+        "a01_tell_runs_apart_all_reduce_in_perturbed_run": (85, None),
         # the primitives check counts calls (dummy ones too, as for the fixtures' c01): the disguised
         # all-reduce earns them; its values do not pass
         "a02_all_reduce_dressed_as_reduce_scatter": (25, None),
         "a03_launder_params_through_all_gather": (55, None),
         "a04_one_rank_contributes_for_all": (25, None),
         "a05_probe_zeros_then_local": (25, None),
-        "a06_racing_thread_on_gathered_params": (55, None),
+        "a06_racing_thread_on_gathered_params": (40, None),
         "a07_read_gathered_before_wait": (55, None),
-        "a08_wrap_channel_send_forge_result": (25, None),
-        "a09_library_copy_kernel": (25, None),
+        "a08_wrap_channel_send_forge_result": (10, None),
+        "a09_library_copy_kernel": (10, None),
         # a protocol verdict for the run; momentum was right before (rank 0's snapshot, as for a12)
         "a10_raw_setup_error_frame": (55, None),
         "a11_exit_between_reduce_scatter_and_all_gather": (10, None),

@@ -6,7 +6,6 @@ notebook check and the nbgrader round trip (helpers of test_nbgrader_e2e), `grad
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -15,7 +14,7 @@ import sys
 import nbformat
 import pytest
 
-from conftest import FIXTURES, ROOT, outcomes, run_cli
+from conftest import FIXTURES, ROOT, graded_folder, outcomes, results_of, run_cli
 from grader.exercise import registry
 from grader.feedback.messages import render
 from grader.integrations.release import clear_solutions
@@ -29,11 +28,8 @@ registry.get(EX)   # loads the exercise's own messages into the catalog
 
 
 def batch(folder: str, tmp_path_factory) -> dict:
-    """{student: results.json} of one `batch` call over a fixture folder."""
-    out = tmp_path_factory.mktemp(folder)
-    proc = run_cli("batch", str(FIX / folder), "--out", str(out), "--exercise", EX, "--lang", "en", "--jobs", "2", timeout=400)
-    assert proc.returncode == 0, proc.stderr
-    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in out.glob("*.json")}
+    """{student: results.json} of one `batch` call over a fixture folder (shared: conftest.graded_folder)."""
+    return results_of(graded_folder(tmp_path_factory, f"ring_allreduce/{folder}", EX, "en"))
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +89,32 @@ MISTAKES = {
     # the switch fails both calls of the message that does not fit (gloo would abort the receiver): the
     # receive never completed, so the run-time "uses" check fails too
     "m10_recv_buffer_size": (10, {"ws2.values": ["cause.p2p_too_long"]}),
+    # view(world_size, -1) raises on a length no world size divides: named, not only the RuntimeError
+    "m11_view_needs_a_divisible_length": (10, {"ws2.values": ["fail.exception", "ring_allreduce.cause.view_uneven"],
+                                               "ws5.values": ["ring_allreduce.cause.view_uneven"]}),
+    "m12_copy_instead_of_add": (20, {"ws2.values": ["ring_allreduce.cause.copy_not_add"], "ws4.values": ["ring_allreduce.cause.copy_not_add"]}),
+    "m13_ring_on_a_clone": (20, {"ws2.values": ["cause.unchanged_p2p"], "ws5.values": ["cause.unchanged_p2p"]}),
+    "m14_send_to_rank_plus_two": (10, {"ws2.values": ["ring_allreduce.cause.send_to_self"], "ws4.values": ["ring_allreduce.cause.not_neighbour"]}),
+    "m15_send_to_self": (10, {"ws2.values": ["ring_allreduce.cause.send_to_self"], "ws3.values": ["ring_allreduce.cause.send_to_self"]}),
+    "m16_recv_buffer_too_long": (10, {"ws2.values": ["cause.p2p_too_short"], "ws4.values": ["cause.p2p_too_short"]}),
+    "m17_recv_buffer_float64": (10, {"ws2.values": ["cause.p2p_dtype"], "ws3.values": ["cause.p2p_dtype"]}),
+    "m18_dist_all_reduce": (0, {"static.p2p_only": ["static.forbidden", "ring_allreduce.cause.forbidden"],
+                                "ws2.p2p_only": ["fail.forbidden_op", "ring_allreduce.cause.forbidden"]}),
+    # right sums, wrong traffic: the value points stay, the traffic's are named by the figures
+    "m19_all_gather_twice": (80, {"ws2.traffic": ["cause.traffic_sends", "cause.traffic_bytes"], "ws5.traffic": ["cause.traffic_bytes"]}),
+    "m20_unbalanced_chunks": (80, {"ws2.traffic": ["cause.traffic_chunk"], "ws4.traffic": ["cause.traffic_chunk"]}),
+    "m21_send_float64": (80, {"ws2.traffic": ["cause.traffic_dtype"], "ws3.traffic": ["cause.traffic_dtype"]}),
+    "m22_two_rings_both_ways": (65, {"ws3.ring": ["cause.traffic_peers"], "ws5.ring": ["cause.traffic_peers"],
+                                     "ws3.traffic": ["cause.traffic_sends"]}),
+    "m23_ring_with_stride_two": (95, {"ws5.ring": ["cause.traffic_not_neighbour"]}),
+}
+# causes each was once told, falsely
+NOT_SAID = {
+    "m12_copy_instead_of_add": ("ring_allreduce.cause.chunk_mixup",),
+    "m13_ring_on_a_clone": ("cause.unchanged", "ring_allreduce.cause.chunk_mixup"),   # "the result of isend was not used"
+    "m14_send_to_rank_plus_two": ("cause.unchanged",),
+    "m15_send_to_self": ("cause.unchanged",),
+    "m22_two_rings_both_ways": ("cause.traffic_gather",),   # at 3 ranks every rank hears from both others: no gather
 }
 
 
@@ -102,11 +124,27 @@ def test_mistakes_score_and_name_their_cause(mistakes):
     for name, (score, named) in MISTAKES.items():
         results = mistakes[name]
         assert results["score"] == score, (name, {k: v for k, v in outcomes(results).items() if v != "pass"})
+        said = {key for check_id in results["extra_data"]["causes"] for key in causes(results, check_id)}
+        assert not said & set(NOT_SAID.get(name, ())), (name, said & set(NOT_SAID[name]))
         for check_id, keys in named.items():
             assert set(keys) <= set(causes(results, check_id)), (name, check_id, causes(results, check_id))
             for key in keys:   # each cause has its own words in both languages
                 zh, en = render(key, {}, "zh"), render(key, {}, "en")
                 assert zh != key and en != key and zh != en and CJK.search(zh) and not CJK.search(en), key
+
+
+@pytest.mark.timeout(420)
+def test_hidden_checks_of_a_failed_run_say_what_happened(mistakes):
+    """A run that raised (view on a length no world size divides): every hidden check says the code raised,
+    the ring and traffic checks too (their points count for a correct sum only), never just "the result is
+    wrong"; and the cause is named there, without values."""
+    results = mistakes["m11_view_needs_a_divisible_length"]
+    hidden = [t for t in results["tests"] if t["name"].startswith("Hidden check")]
+    assert len(hidden) == 9
+    said = render("status.failed", {}, "en") + ": " + render("hint.exception", {}, "en")
+    assert all(t["output"].splitlines()[0] == said for t in hidden), [t["output"] for t in hidden]
+    cause = render("ring_allreduce.cause.view_uneven", {}, "en")
+    assert all(cause in t["output"] for t in hidden if "values" in t["name"])
 
 
 @pytest.mark.timeout(420)
@@ -143,7 +181,9 @@ def test_deadlock_lesson_in_a_hidden_check(mistakes):
 
 CHEATS = {  # the checks each one fakes
     "c01_collective_in_disguise": CHECK_IDS,
-    "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
+    # the ring's results are thrown away: the answer stays the same when the data in flight changes, so the
+    # run-time check that send/recv were used fails too (the tensor did not come through them)
+    "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic") or c == "ws2.p2p_only"],
     "c03_local_answer_sent_around": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
     "c04_collective_on_private_group": CHECK_IDS,
     # there is no real gloo group inside a rank any more: its all-reduce has nothing to run on, and what is
@@ -160,6 +200,7 @@ def test_cheats_score_0_on_what_they_fake(cheats):
         assert len(scores) == len(CHECK_IDS)
         assert all(v == "pass" for k, v in outcomes(cheats[name]).items() if k not in faked), name
         assert [k for k in faked if outcomes(cheats[name])[k] == "pass"] == [], name
+    assert "cause.result_unused" in causes(cheats["c02_forged_ring_local_values"], "ws2.p2p_only")
     inner = cheats["c05_inner_gloo_group"]
     assert outcomes(inner)["ws2.values"] == "exception"   # no real group to reach: its all-reduce has nothing to run on
     disguised = cheats["c01_collective_in_disguise"]

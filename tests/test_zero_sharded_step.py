@@ -21,7 +21,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, PY, ROOT, run_cli
+from conftest import FIXTURES, PY, ROOT, graded_folder, run_cli
 from grader.exercise import registry
 from grader.feedback.messages import CATALOG, render
 from grader.integrations import release
@@ -46,6 +46,7 @@ def every(kind: str, outcome: str, sizes=WS) -> dict:
 NOT_DIVIDED, WRONG_SHARD, LOCAL_UPDATE = ("cause.not_divided", {}), ("cause.wrong_shard", {}), ("cause.local_update", {})
 FULL_MOMENTUM, PADDING, GATHERED = ("cause.full_momentum", {}), ("cause.padding", {}), ("cause.gathered_gradients", {})
 RESET, ALL_REDUCE = ("cause.momentum_reset", {}), ("cause.forbidden_all_reduce", {"op": "all_reduce"})
+SIGN, REUSED, NOT_OWN = ("cause.sign_flipped", {}), ("cause.gradient_reused", {}), ("cause.not_own_gradient", {})
 MISTAKES = {
     "m01_no_division": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                         {"params": [NOT_DIVIDED], "momentum": [NOT_DIVIDED]}),
@@ -54,32 +55,63 @@ MISTAKES = {
                                 {"params": [LOCAL_UPDATE], "momentum": [FULL_MOMENTUM]}),
     "m04_full_momentum": (70, every("momentum", "wrong"), {"momentum": [FULL_MOMENTUM]}),
     "m05_no_padding": (40, {**every("params", "exception", HIDDEN_WS), **every("momentum", "exception", HIDDEN_WS),
-                            **every("primitives", "wrong", HIDDEN_WS)}, {"params": [PADDING], "momentum": [PADDING]}),
+                            **every("primitives", "exception", HIDDEN_WS)}, {"params": [PADDING], "momentum": [PADDING]}),
     "m06_gathered_gradients": (25, {**every("params", "not_collective"), **every("momentum", "wrong")},
                                {"params": [GATHERED], "momentum": [FULL_MOMENTUM, GATHERED]}),
     "m07_momentum_reset": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                            {"params": [RESET], "momentum": [RESET]}),
     # the right numbers, through what the all-reduce delivered: the value points; not the primitives'
-    "m08_all_reduce": (80, {"static.reduce_scatter": "not_called", **every("primitives", "wrong")},
+    "m08_all_reduce": (80, {"static.reduce_scatter": "not_called", **every("primitives", "forbidden")},
                        {"primitives": [ALL_REDUCE]}),
+    # the same beside one reduce_scatter whose result goes unused: the value points still (m08's), and the
+    # static reduce_scatter points
+    "m10_all_reduce_beside_unused_reduce_scatter": (85, every("primitives", "forbidden"), {"primitives": [ALL_REDUCE]}),
     "m09_padding_kept": (70, every("params", "wrong", HIDDEN_WS), {"params": [("cause.padding_kept", {})]}),
+    "m11_one_step": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                     {"params": [("cause.one_step", {})], "momentum": [("cause.one_step", {})]}),
+    "m12_update_sign_flipped": (55, every("params", "wrong"), {"params": [SIGN]}),
+    "m13_momentum_sign_flipped": (25, {**every("params", "wrong"), **every("momentum", "wrong")}, {"params": [SIGN], "momentum": [SIGN]}),
+    "m14_first_gradient_reused": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
+                                  {"params": [REUSED], "momentum": [REUSED]}),
+    # right numbers, through the operations, but no rank contributed its own gradient: not "computed locally",
+    # and not the all-gather's input to blame
+    "m15_local_average_into_reduce_scatter": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
+                                              {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+    "m16_rank0_sends_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
+                                {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+    # the momentum from an average computed locally: right numbers that ignore the reduce-scatter's data, so
+    # the primitives too (the engine's cause, below)
+    "m17_momentum_from_a_local_average": (10, {**every("params", "not_collective"), **every("momentum", "not_collective"),
+                                               **every("primitives", "not_collective")}, {}),
+    # only the last rank's shard holds padding: the other ranks' momentum is right and proven
+    "m18_padding_not_zero": (80, every("momentum", "wrong", HIDDEN_WS), {"momentum": [("cause.padding_not_zero", {})]}),
 }
-# the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication"
+# the engine's causes a mistake's checks of a kind name
+ENGINE_CAUSES = {"m17_momentum_from_a_local_average": {"primitives": "cause.result_unused"}}
+# causes each was once told, falsely (engine keys, not the exercise's)
+NOT_SAID = {
+    "m10_all_reduce_beside_unused_reduce_scatter": ("why.not_delivered", "fail.not_collective"),
+    "m15_local_average_into_reduce_scatter": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
+    "m16_rank0_sends_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
+}
+# the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication";
+# the primitives too where the answer stays the same when the data in flight changes (the collectives ran on
+# zeros, or on real data whose results are never read): the quantities did not come through them
 CHEATS = {
-    "c01_local_answer_dummy_collectives": ("params", "momentum"),
-    "c02_launder_through_all_gather": ("params", "momentum"),
-    "c03_fake_sharded_momentum": ("momentum",),
-    "c04_probe_deltas_with_zeros": ("params", "momentum"),
+    "c01_local_answer_dummy_collectives": ("params", "momentum", "primitives"),
+    "c02_launder_through_all_gather": ("params", "momentum", "primitives"),
+    "c03_fake_sharded_momentum": ("momentum", "primitives"),
+    "c04_probe_deltas_with_zeros": ("params", "momentum"),   # what it adds to its answer is what the probes delivered
+    "c05_results_never_read": ("params", "momentum", "primitives"),
 }
+POINTS = {"params": 15, "momentum": 10, "primitives": 5}
 HONEST = sorted(p.stem for p in FIX.glob("h*.py"))
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict:
     """Every fixture through one `batch` call (Chinese feedback): student -> results.json."""
-    out = tmp_path_factory.mktemp("zero_batch")
-    proc = run_cli("batch", str(FIX), "--out", str(out), "--exercise", EX, "--jobs", "2", "--lang", "zh", timeout=400)
-    assert proc.returncode == 0, proc.stderr
+    out = graded_folder(tmp_path_factory, "zero_sharded_step", EX, "zh")   # shared: test_causes.py reads it too
     with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
         rows = {row["student"]: row for row in csv.DictReader(fh)}
     results = {name: json.loads((out / f"{name}.json").read_text(encoding="utf-8")) for name in rows}
@@ -119,6 +151,10 @@ def test_mistake_scores_and_names_its_cause_in_both_languages(graded, name):
     score, outcomes, causes = MISTAKES[name]
     results = graded["results"][name]
     assert results["score"] == score and failing(results) == outcomes, failing(results)
+    said = {c["key"] for found in results["extra_data"]["causes"].values() for c in found}
+    assert not said & set(NOT_SAID.get(name, ())), said & set(NOT_SAID[name])
+    for kind, key in ENGINE_CAUSES.get(name, {}).items():
+        assert all(key in {c["key"] for c in results["extra_data"]["causes"][f"ws{ws}.{kind}"]} for ws in WS), (kind, key)
     for check_id in outcomes:
         kind = check_id.split(".")[1]
         text = output_of(results, check_id)
@@ -140,7 +176,11 @@ def test_cheat_scores_0_on_the_checks_it_fakes(graded, name):
     assert failing(results) == {check_id: "not_collective" for check_id in faked}
     scores = dict(zip(results["extra_data"]["outcomes"], (t["score"] for t in results["tests"])))
     assert all(scores[check_id] == 0 for check_id in faked)
-    assert results["score"] == 100 - sum(15 if c.endswith("params") else 10 for c in faked)
+    assert results["score"] == 100 - sum(POINTS[c.split(".")[1]] for c in faked)
+    for check_id in faked:
+        if check_id.endswith("primitives"):
+            named = {c["key"] for c in results["extra_data"]["causes"][check_id]}
+            assert "cause.result_unused" in named, (check_id, named)
 
 
 @pytest.mark.timeout(420)
@@ -152,6 +192,20 @@ def test_hidden_checks_reveal_no_values_sizes_or_lines(graded):
             text = re.sub(r"隐藏测试 \d|ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", test["name"] + test["output"])
             assert not re.search(r"\d", text), (name, test)
             assert "进程 0" not in text and "行）" not in text, (name, test)
+
+
+@pytest.mark.timeout(420)
+def test_hidden_uses_checks_say_what_happened(graded):
+    """A hidden primitives check names what happened, without values: an exception (the operations never
+    completed), a forbidden operation, or quantities that did not come through the operations; not just
+    "the result is wrong"."""
+    said = {("m05_no_padding", "ws3.primitives"): "hint.exception", ("m08_all_reduce", "ws4.primitives"): "hint.forbidden",
+            ("c05_results_never_read", "ws3.primitives"): "hint.not_collective"}
+    for (name, check_id), hint in said.items():
+        text = output_of(graded["results"][name], check_id)
+        assert text.splitlines()[0] == render("status.failed", {}, "zh") + "：" + render(hint, {}, "zh"), (name, text)
+    unused = output_of(graded["results"]["c05_results_never_read"], "ws4.primitives")
+    assert render("cause.result_unused", {"quantity": "momentum", "ops": ["reduce_scatter"]}, "zh") in unused
 
 
 @pytest.mark.timeout(420)
@@ -269,6 +323,12 @@ def test_diagnosis_names_each_mistake_from_the_values_alone():
         assert _diagnose("params", ex.simulate(ws, own_gradient=True)[0], ws) == ["cause.local_update"]
         for base in ("first", "next", "previous"):
             assert _diagnose("params", ex.simulate(ws, base=base)[0], ws) == ["cause.wrong_shard"]
+        assert _diagnose("params", ex.simulate(ws, steps=1)[0], ws) == ["cause.one_step"]
+        assert _diagnose("momentum", ex.simulate(ws, steps=1)[1][mine], ws) == ["cause.one_step"]
+        assert _diagnose("params", ex.simulate(ws, sign=-1.0)[0], ws) == ["cause.sign_flipped"]
+        assert _diagnose("momentum", -right_momentum, ws) == ["cause.sign_flipped"]
+        assert _diagnose("params", ex.simulate(ws, reuse=True)[0], ws) == ["cause.gradient_reused"]
+        assert _diagnose("momentum", ex.simulate(ws, reuse=True)[1][mine], ws) == ["cause.gradient_reused"]
         assert _diagnose("momentum", np.zeros(1030), ws) == ["cause.full_momentum"]
         if 1030 % ws:
             assert _diagnose("momentum", np.zeros(1030 // ws), ws) == ["cause.padding"]

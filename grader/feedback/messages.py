@@ -94,6 +94,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "static.forbidden": ("本练习不允许使用 {op}（第 {lines} 行）。", "This exercise does not allow {op} (line {lines})."),
     "static.forbidden_at_run": ("代码里看不出 {op}，但运行时调用了它（第 {line} 行）：不允许的操作，无论怎样调用都不允许。",
                                 "The code does not name {op}, but it ran (line {line}): an operation that is not allowed is not allowed however it is called."),
+    "static.called_at_run": ("{entry} 在运行时用到了 {op}（第 {line} 行，经由 {api}）：代码里看不出这个调用，但每个进程都完成了它。",
+                             "{entry} reaches {op} at run time (line {line}, through {api}): the code does not show the call, but every rank completed it."),
     "static.not_used": ("没有使用 {ops}。", "None of {ops} is used."),
     # --- passes
     "pass.value": ("通过：每个进程上的 {quantity} 都正确，并且确实来自 {ops} 传来的数据，每个进程都贡献了自己的数据。",
@@ -138,12 +140,27 @@ CATALOG: dict[str, tuple[str, str]] = {
                      "Rank {rank}: no {quantity} was found. {entry} should return {names}, or keep them in variables of those names (it returned {returned})."),
     "fail.not_collective": ("进程 {rank}：{quantity} 的数值是对的，但不是由 {ops} 传来的数据得到的（评分器秘密地改变了通信中的数据，你的结果没有随之变化）。请使用通信的结果，不要在本地直接算出答案。",
                             "Rank {rank}: {quantity} has the right numbers, but they were not derived from what {ops} delivered (the grader secretly changed the data in flight and your result did not follow). Use what the communication returns instead of computing the answer locally."),
+    "fail.not_collective_derived": ("进程 {rank}：{quantity} 的数值是对的，也随通信中的数据而变，但它不是 {ops} 传来的、由每个进程自己的数据组成的结果"
+                                    "（评分器秘密地改变了通信中的数据，你的结果没有按通信应有的方式随之变化）：它是用传来的数据以另一种方式算出来的。",
+                                    "Rank {rank}: {quantity} has the right numbers and follows the data in flight, but it is not what {ops} "
+                                    "delivered, made of every rank's own data (the grader secretly changed the data in flight, and your result "
+                                    "did not follow it as the communication would): it was computed from that data in another way."),
+    "fail.not_collective_untraced": ("进程 {rank}：{quantity} 的数值是对的，但评分器无法确认它来自 {ops} 传来的数据、由每个进程自己的数据组成"
+                                     "（评分器秘密地改变了通信中的数据，你的结果没有随之变化）。",
+                                     "Rank {rank}: {quantity} has the right numbers, but the grader could not trace them to what {ops} "
+                                     "delivered, made of every rank's own data (the grader secretly changed the data in flight and your "
+                                     "result did not follow it)."),
     "fail.unobserved": ("进程 {rank}：无法确认 {quantity} 来自 {ops} 传来的数据。请返回它，或保存在同名变量中。",
                         "Rank {rank}: the grader could not confirm that {quantity} came from what {ops} delivered. Return it, or keep it in a variable of that name."),
     "fail.async_no_wait": ("进程 {rank}：{op} 用 async_op=True 发起后没有调用 wait()，读到的 {quantity} 不可靠（这次碰巧是对的也不算）。请先 work.wait() 再使用结果。",
                            "Rank {rank}: {op} was started with async_op=True and never waited on, so reading {quantity} is a race (right by luck does not count). Call work.wait() before using the result."),
     "fail.forbidden_op": ("进程 {rank} 调用了本练习不允许的 {op}（第 {line} 行）。", "Rank {rank} called {op} (line {line}), which this exercise does not allow."),
     "fail.op_not_used": ("没有用到 {op}（没有一次完成）。", "{op} was never used (none completed)."),
+    "cause.op_not_used": ("原因：没有用到 {op}（没有一次完成）。", "Cause: {op} was never used (none completed)."),
+    "cause.result_unused": ("原因：{quantity} 没有用到 {ops} 传来的数据：评分器秘密地改变了通信中的数据，{quantity} 却完全没有变化。"
+                            "这些通信运行了，但它们的结果没有被用来计算 {quantity}。",
+                            "Cause: {quantity} does not use what {ops} delivered: the grader secretly changed the data in flight and "
+                            "{quantity} did not change at all. The operations ran, but their results were not used to compute it."),
     # --- the real-backend run (plan.py): the student's code on torch's own gloo / NCCL
     "fail.real_backend": ("通过评分器的交换机时这一项是对的，但同样的代码在真实的 {backend} 后端上没有通过（见下）：这个进程数下的分数不计。",
                           "Through the grader's switch this check passes, but the same code does not on real {backend} (below): "
@@ -173,8 +190,32 @@ CATALOG: dict[str, tuple[str, str]] = {
                              "Cause: floor division // cut off the fraction of {quantity}; use /."),
     "cause.reduce_op": ("原因：{op}（第 {line} 行）用的是 ReduceOp.{reduce}；这里需要 SUM（再除以 world_size）或 AVG。",
                         "Cause: {op} (line {line}) used ReduceOp.{reduce}; this needs SUM (then divide by world_size) or AVG."),
-    "cause.unchanged": ("原因：{quantity} 和本进程自己的数据一样，说明 {op} 的结果没有被使用（例如 t = dist.{op}(t) 会得到 None；async_op=True 时要先 wait()）。",
-                        "Cause: {quantity} equals this rank's own data, so the result of {op} was not used (t = dist.{op}(t) gives None; async_op=True needs wait())."),
+    "cause.unchanged": ("原因：{quantity} 和本进程自己的数据一样，说明 {op} 的结果没有被使用（例如对副本 t.clone() 调用了 {op}；t = dist.{op}(t) 会得到 None；async_op=True 时要先 wait()）。",
+                        "Cause: {quantity} equals this rank's own data, so the result of {op} was not used ({op} on a copy, t.clone() say; t = dist.{op}(t) gives None; async_op=True needs wait())."),
+    "cause.own_data_divided": ('原因：{quantity} 是本进程自己的数据除以 world_size，{op} 的求和结果没有进入它（例如 {op} 作用在了一个之后被丢掉的副本 t.clone() 上，或者它的结果又被覆盖了）。请对要保留的那个张量调用 {op}，再除以 world_size。',
+                              "Cause: {quantity} is this rank's own data divided by world_size: the sum {op} delivered never reached it ({op} ran on a copy that was then dropped, t.clone() say, or its result was overwritten). Call {op} on the tensor you keep, then divide by world_size."),
+    "cause.unchanged_p2p": ("原因：{quantity} 仍然是本进程自己的数据：收到的数据没有进入它。交换是在副本上进行的（t.clone()、torch.cat(...)、新建的张量），"
+                            "或者收到的数据没有写回传进来的那个张量：请原地修改这个张量，或者最后把结果拷回去（tensor.copy_(result)）。",
+                            "Cause: {quantity} is still this rank's own data: nothing it received reached it. The exchange ran on a copy "
+                            "(t.clone(), torch.cat(...), a new tensor), or what arrived was never written into the tensor the function was "
+                            "given: work on that tensor in place, or copy the result back (tensor.copy_(result))."),
+    "cause.op_missing": ("原因：{quantity} 应当通过 {ops} 得到，但 {ops} 一次也没有运行（这个 TODO 还没有完成？）。",
+                         "Cause: {quantity} must come through {ops}, but {ops} never ran (is that TODO still open?)."),
+    "cause.concat_order": ("原因：{quantity} 里每个进程的分段都在，但顺序不对：输出列表中位置 k 上是进程 k 的数据，请按列表原来的顺序（进程编号顺序）拼接。",
+                           "Cause: every rank's slice is in {quantity}, but in the wrong order: slot k of the output holds rank k's data, so "
+                           "concatenate the list in its own order (rank order)."),
+    "cause.shared_buffers_some": ("原因：输出列表里有几个缓冲区共享同一块内存（例如同一个张量被放进了列表的好几个位置），这些位置最后都是写入它们的最后一个进程的数据。请为每个进程创建独立的张量。",
+                                  "Cause: some buffers of the output list share memory (the same tensor placed in several slots "
+                                  "of the list), so those slots all end with the data of the last rank written there. "
+                                  "Make one tensor per rank."),
+    "cause.interleaved": ('原因：{quantity} 里各进程的数据逐个元素交错排列，就像输出缓冲区是同一个二维张量（分段长度 × world_size）的列、或者分段沿最后一维堆叠后再按行展平时那样。请让每个进程的缓冲区是一行（world_size × 分段长度 的张量的行，或者各自独立的张量），再用 torch.cat 拼接。',
+                         "Cause: the ranks' data in {quantity} is interleaved element by element, as when the output buffers are the columns of one (slice length, world_size) tensor, or the slices are stacked along the last dimension, and that is flattened row by row. Make each rank's buffer a row (of a (world_size, slice length) tensor, or a tensor of its own), then torch.cat them."),
+    "cause.concat_divided": ("原因：{quantity} 被除以了 world_size：all_gather 只是把各进程的分段拼起来，并不求和，不需要求平均。",
+                             "Cause: {quantity} was divided by world_size: all_gather collects the slices without adding them, so there is "
+                             "nothing to average."),
+    "cause.own_slice_again": ("原因：{quantity} 比应有的长度多出一段：本进程自己的分段又被加了一次。all_gather 的输出已经包含每个进程的分段（包括自己的），只拼接输出列表即可。",
+                              "Cause: {quantity} is one slice too long: this rank's own slice was added once more. The output of all_gather "
+                              "already holds every rank's slice, its own included: concatenate the output list alone."),
     "cause.hardcoded_ws": ("原因：{quantity} 正好是进程数为 {k} 时的结果，而代码里写着常数 {k}——不要把 world_size 写死，请使用参数 world_size。",
                            "Cause: {quantity} is what {k} ranks would give, and your code has the constant {k}: do not hard-code the world size, use the world_size argument."),
     "cause.integer_dtype": ("原因：{quantity} 是整数张量（{dtype}，例如 torch.full((n,), rank + 1) 的 dtype 是 int64），原地除法会失败或截断。请用浮点数，例如 float(rank + 1) 或 dtype=torch.float32。",
@@ -316,6 +357,9 @@ CATALOG: dict[str, tuple[str, str]] = {
     # --- why provenance failed (the tracer's findings)
     "why.not_delivered": ("  进程 {rank} 的 {quantity} 第 {element} 个元素（{value:g}）不是任何通信传来的数据算出来的。",
                           "  Element {element} of {quantity} on rank {rank} ({value:g}) was not derived from anything the communication delivered."),
+    "why.not_delivered_value": ("  进程 {rank} 的 {quantity} 第 {element} 个元素（{value:g}）不是 {ops} 传给它的任何一个值（也不是它自己的数据）。",
+                                "  Element {element} of {quantity} on rank {rank} ({value:g}) is none of the values {ops} delivered to it "
+                                "(nor its own data)."),
     "why.contribution": ("  进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）中发送的是 {sent}，而不是它自己的数据 {own}。",
                          "  Rank {rank} sent {sent} in its operation #{n}, {op} (line {line}), instead of its own data {own}."),
     "why.contribution_derived": ("  进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）中发送的是 {sent}，不是它用通信传来的数据算出的结果。",
@@ -339,7 +383,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "hint.exception": ("代码在这个测试中抛出了异常。", "Your code raised an exception in this test."),
     "hint.timeout": ("运行超时：可能有进程卡在通信里，或者死循环。", "Time limit: a rank hung in a communication or looped forever."),
     "hint.deadlock": ("死锁：各进程的通信操作无法配对。", "Deadlock: the ranks' operations cannot pair up."),
-    "hint.not_collective": ("结果不是由通信传来的数据得到的。", "The result was not derived from what the communication delivered."),
+    "hint.not_collective": ("无法确认结果来自通信传来的数据、由每个进程自己的数据组成。",
+                            "The result could not be traced to what the communication delivered, made of every rank's own data."),
     "hint.limit": ("运行超出了资源限制（内存、CPU、输出或进程数）。", "The run went over a resource limit (memory, CPU, output or processes)."),
     "hint.crash": ("有进程崩溃或提前退出。", "A rank crashed or exited early."),
     "hint.todo": ("TODO 还没有完成。", "The TODOs are not done yet."),

@@ -171,14 +171,17 @@ def error_params(error: dict) -> dict:
 
 def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord, others: dict,
                  source: str, exercise) -> list[Note]:
-    """`source`: the submission's text (some causes hold only if the source shows them)."""
-    """Mistakes a wrong value shows, in the exercise's terms. `others`: the rank's other quantities."""
+    """Mistakes a wrong value shows, in the exercise's terms. `others`: the rank's other quantities;
+    `source`: the submission's text (some causes hold only if the source shows them). Each pattern is
+    said only where it is certain: a value "divided twice" is made of what was delivered, a value that
+    is the rank's own data was not, and so on."""
     label = {"quantity": quantity.name}
     notes: list[Note] = []
     expected = quantity.expected_array(rank, ws)
     shape = quantity.expected_shape(ws)
     data = value.data
     calls = [c for c in record.calls if not quantity.through or c.op in quantity.through]
+    raised = (record.result or {}).get("how") in ("raise", "exit", "load_error")   # stopped early: its value is half-made
     if value.dtype and not value.floating and value.dtype.startswith(("torch.int", "torch.uint", "torch.bool")):
         notes.append(Note("cause.integer_dtype", {**label, "dtype": value.dtype}))
     for call in calls:
@@ -186,28 +189,36 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.reduce_op", {**label, "op": op_name(call), "reduce": call.reduce, **at(call)}))
             break
     used_through = bool(calls)   # value patterns say something only if the value went through its operation
-    if data is not None and data.size == expected.size and value.floating and used_through:
-        if quantity.combine == "mean":
-            if all_close(data, expected * ws, value.dtype):
-                notes.append(Note("cause.summed_not_averaged", {**label, "ws": ws}))
-            elif all_close(data, expected / ws, value.dtype):
-                avg = any(c.reduce == "AVG" for c in calls)
-                notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
-            elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
-                notes.append(Note("cause.floor_division", {**label}))
-        if quantity.local is not None and not quantity.uses_context and calls and all_close(data, quantity.local_array(rank, ws), value.dtype) \
-                and not all_close(data, expected, value.dtype):   # (no operation at all: nothing whose result went unused)
-            notes.append(Note("cause.unchanged", {**label, "op": op_name(calls[0]) if calls else "-"}))
+    delivered = [d for c in calls if c.completed and c.ok and c.receives for d in c.delivered_values() if d is not None]
+    same_size = data is not None and data.size == expected.size and value.floating
+    if same_size and used_through and quantity.combine == "mean" and not quantity.uses_context:
+        own = quantity.local_array(rank, ws)
+        made_of_delivered = _scaled_from(data, delivered, (1.0, 1.0 / ws), value.dtype)
+        if own.size == data.size and all_close(data, own / ws, value.dtype) and not made_of_delivered \
+                and not all_close(data, expected, value.dtype) and not raised:
+            # its own data divided: what the operation delivered never reached it (a copy was reduced)
+            notes.append(Note("cause.own_data_divided", {**label, "op": op_name(calls[0])}))
+        elif all_close(data, expected * ws, value.dtype) and _scaled_from(data, delivered, (1.0,), value.dtype):
+            notes.append(Note("cause.summed_not_averaged", {**label, "ws": ws}))
+        elif all_close(data, expected / ws, value.dtype) and made_of_delivered:
+            avg = any(c.reduce == "AVG" for c in calls)
+            notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
+        elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
+            notes.append(Note("cause.floor_division", {**label}))
+    if same_size and used_through and quantity.local is not None and not quantity.uses_context and not raised \
+            and all_close(data, quantity.local_array(rank, ws), value.dtype) and not all_close(data, expected, value.dtype):
+        # (no operation at all: nothing whose result went unused)
+        p2p = bool(set(quantity.through) & {"send", "recv"})
+        notes.append(Note("cause.unchanged_p2p" if p2p else "cause.unchanged", {**label, "op": op_name(calls[0])}))
+    if same_size and used_through and not any(n.key.startswith("cause.") and n.key != "cause.reduce_op" for n in notes):
         k = _hardcoded(quantity, data, ws, value.dtype, source)
-        if k is not None and not any(n.key == "cause.summed_not_averaged" for n in notes):
+        if k is not None:
             notes.append(Note("cause.hardcoded_ws", {**label, "k": k}))
     if data is not None and value.shape and list(value.shape) != shape:
         if quantity.combine == "concat" and list(value.shape) == [ws, int(np.prod(shape)) // ws]:
             notes.append(Note("cause.stack_not_cat", {**label, "shape": value.shape}))
-    if quantity.combine == "concat" and not quantity.uses_context and data is not None and data.size == expected.size and ws > 1:
-        last = quantity.local_array(ws - 1, ws)
-        if all_close(data, np.tile(last, ws), value.dtype) and not all_close(data, expected, value.dtype):
-            notes.append(Note("cause.shared_buffers", {**label}))
+    if quantity.combine == "concat" and not quantity.uses_context and data is not None and ws > 1 and value.floating:
+        notes += _concat_causes(quantity, data, ws, rank, value.dtype, label)
     for name, other in others.items():
         if name == quantity.name or other is None or other.data is None or data is None:
             continue
@@ -219,6 +230,59 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     notes += contribution_causes(quantity, ws, record, calls)
     notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.WRONG)
     return notes
+
+
+def _scaled_from(data: np.ndarray, delivered: list, scales, dtype: str) -> bool:
+    """The value is one delivered vector (or its start), times one of `scales`."""
+    for d in delivered:
+        if d.size < data.size:
+            continue
+        if any(all_close(data, s * d[:data.size], dtype) for s in scales):
+            return True
+    return False
+
+
+def _concat_causes(quantity, data: np.ndarray, ws: int, rank: int, dtype: str, label: dict) -> list[Note]:
+    """How a concatenation of every rank's slice went wrong, from its blocks: each block one rank's slice
+    (told apart only where the ranks' slices differ), in another order; some slices repeated in the
+    slots after them (output buffers that share memory); the whole divided by world_size; the rank's own
+    slice once more; or the slices interleaved element by element (columns of one buffer)."""
+    expected = quantity.expected_array(rank, ws)
+    locals_ = [quantity.local_array(q, ws) for q in range(ws)]
+    if all_close(data, expected, dtype):
+        return []
+    sizes = [a.size for a in locals_]
+    distinct = all(not (locals_[a].size == locals_[b].size and all_close(locals_[a], locals_[b], dtype))
+                   for a in range(ws) for b in range(a + 1, ws))
+    if data.size == expected.size and distinct:
+        starts = np.cumsum([0] + sizes)
+        owners = []
+        for k in range(ws):
+            block = data[starts[k]:starts[k + 1]]
+            match = [q for q in range(ws) if locals_[q].size == block.size and all_close(block, locals_[q], dtype)]
+            owners.append(match[0] if len(match) == 1 else None)
+        if None not in owners:
+            if sorted(owners) == list(range(ws)):
+                return [Note("cause.concat_order", label)]
+            last = ws - 1
+            if all(q == last for q in owners):
+                return [Note("cause.shared_buffers", label)]
+            if all(q >= k for k, q in enumerate(owners)):
+                return [Note("cause.shared_buffers_some", label)]
+        if len(set(sizes)) == 1:
+            n = sizes[0]
+            if all_close(data.reshape(n, ws).T.reshape(-1), expected, dtype):
+                return [Note("cause.interleaved", label)]
+    if data.size == expected.size and all_close(data, expected / ws, dtype):
+        return [Note("cause.concat_divided", label)]
+    own = locals_[rank]
+    if data.size == expected.size + own.size and len(set(sizes)) == 1:
+        n = own.size
+        for j in range(ws + 1):
+            rest = np.concatenate([data[:j * n], data[(j + 1) * n:]])
+            if all_close(data[j * n:(j + 1) * n], own, dtype) and all_close(rest, expected, dtype):
+                return [Note("cause.own_slice_again", label)]
+    return []
 
 
 def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecord, outcome: Outcome) -> list[Note]:
@@ -272,8 +336,10 @@ def _read_before_wait(calls: list[Call], data) -> bool:
 
 
 def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str) -> int | None:
-    """The value is what another world size k would give, and k is written as a constant in the source."""
-    constants = _constants(source)
+    """The value is what another world size k would give, and the source divides by the constant k (written
+    as a number, or a name bound to it): a constant that only equals a world size (K = 4 micro-batches, a
+    range(4)) is not said to be one."""
+    constants = _divisors(source)
     for k in range(2, 9):
         if k == ws or k not in constants:
             continue
@@ -285,18 +351,57 @@ def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str) -> 
 
 
 @functools.lru_cache(maxsize=16)
-def _constants_cached(source: str) -> frozenset:
+def _divisors_cached(source: str) -> frozenset:
+    """Whole numbers from 1 to 63 that the source divides by: `x / 4`, `x /= 4`, `x // 4`, `x.div(4)`,
+    `torch.div(x, 4)`, `x * (1 / 4)`, and the same through a name assigned the number (`N = 4 ... x / N`)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return frozenset()
-    return frozenset(int(n.value) for n in ast.walk(tree)
-                     if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)
-                     and float(n.value).is_integer() and 0 < n.value < 64)
+
+    def number(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool) \
+                and float(node.value).is_integer() and 0 < node.value < 64:
+            return int(node.value)
+        return None
+
+    names: dict[str, set] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            k = number(node.value)
+            for target in targets:
+                if isinstance(target, ast.Name) and k is not None:
+                    names.setdefault(target.id, set()).add(k)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args.args[len(node.args.args) - len(node.args.defaults):] if node.args.defaults else []
+            for arg, default in zip(args, node.args.defaults):
+                if number(default) is not None:
+                    names.setdefault(arg.arg, set()).add(number(default))
+
+    def values(node) -> set:
+        if number(node) is not None:
+            return {number(node)}
+        if isinstance(node, ast.Name):
+            return names.get(node.id, set())
+        if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Name) and node.func.id in ("float", "int"):
+            return values(node.args[0])
+        return set()
+
+    found: set = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, (ast.Div, ast.FloorDiv)):
+            found |= values(node.right if isinstance(node, ast.BinOp) else node.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("div", "div_", "true_divide", "true_divide_", "floor_divide", "floor_divide_"):
+                args = node.args[1:] if isinstance(node.func.value, ast.Name) and node.func.value.id == "torch" else node.args
+                if args:
+                    found |= values(args[0])
+    return frozenset(found)
 
 
-def _constants(source: str) -> frozenset:
-    return _constants_cached(source)
+def _divisors(source: str) -> frozenset:
+    return _divisors_cached(source)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -308,13 +413,18 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
     returned = (record.result or {}).get("how") == "return"   # a rank that stopped early says nothing of its ops
     if returned and through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
         others = [c for c in record.calls if c.op not in ("barrier", "send", "recv")]
-        if others:
+        # another operation in its place: one that carried data of this quantity's size (the other ops may
+        # be another quantity's, with this one's TODO still open)
+        carried = [c for c in others if _carries(c, quantity, ws, record.rank)]
+        if carried:
             used = sorted({op_name(c) for c in others})
             notes.append(Note("cause.other_op", {"quantity": quantity.name, "ops": list(quantity.through),
-                                                  "used": used, **at(others[0])}))
-            rooted = next((c for c in others if c.op in ("reduce", "gather")), None)
+                                                  "used": used, **at(carried[0])}))
+            rooted = next((c for c in carried if c.op in ("reduce", "gather")), None)
             if rooted is not None:
                 notes.append(Note("cause.rooted_op", {"op": op_name(rooted)}))
+        else:
+            notes.append(Note("cause.op_missing", {"quantity": quantity.name, "ops": list(quantity.through)}))
     for call in record.calls:
         if call.op in quantity.through and call.op in ("all_gather", "gather") and call.receives:
             count = len(call.outputs or [])
@@ -335,6 +445,16 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
     if waiting is not None and (record.result or {}).get("how") == "return":
         notes.append(Note("cause.async_no_wait", {"op": op_name(waiting)}))
     return notes
+
+
+def _carries(call: Call, quantity, ws: int, rank: int) -> bool:
+    """The call sent or received as many elements as the quantity's own data or its value hold."""
+    sizes = {int(quantity.expected_array(rank, ws).size)}
+    if quantity.local is not None and not quantity.uses_context:
+        sizes.add(int(quantity.local_array(rank, ws).size))
+    moved = [call.sent_numel] + [int(d.get("numel") or 0) for d in call.outputs or []] + \
+        [int(d.get("numel") or 0) for d in call.delivered or []]
+    return bool(sizes & set(moved)) or sum(int(d.get("numel") or 0) for d in call.outputs or []) in sizes
 
 
 def _signature(call: Call) -> str:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..comm import OPS
 from ..exercise.spec import Check, Exercise, Quantity
 from ..model import CheckResult, Note, Outcome
 from ..processes.runner import RankRecord, RunOutcome
 from ..wire import HALF
 from . import diagnose
-from .observe import RunView, Value
+from .observe import RunContext, RunView, Value
+from ..switch.perturb import perturbable
 from .provenance import Proof, Tracer
 
 
@@ -157,7 +160,15 @@ class Judge:
             return self.evaluate_uses(check, runs)
         if check.kind == "traffic":
             from .traffic import evaluate_traffic
-            return evaluate_traffic(self, check, runs)
+            result = evaluate_traffic(self, check, runs)
+            if result.outcome is Outcome.WRONG and any(n.key == "cause.traffic_needs_value" for n in result.notes):
+                # traffic counts for a correct answer only: where there is none because the run failed (an
+                # exception, a deadlock ...), the outcome says so, as the value check's does
+                values = self.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden,
+                                                   world_size=check.world_size, quantity=check.quantity), runs)
+                if values.outcome not in (Outcome.WRONG, Outcome.NOT_COLLECTIVE, Outcome.PASS, Outcome.GRADER_ERROR):
+                    result = CheckResult(check, values.outcome, result.score, result.notes, result.details)
+            return result
         from .kinds import EVALUATE
         if check.kind in EVALUATE:
             return EVALUATE[check.kind](self, check, runs)
@@ -243,8 +254,9 @@ class Judge:
                 notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
             elif proven is False:
                 outcome = Outcome.NOT_COLLECTIVE
-                notes.append(Note("fail.not_collective", {**label, "ops": _ops_text(quantity)}))
-                notes.extend(_why(proof, quantity))
+                how = self.how_computed(runs, quantity, record.rank)
+                notes.append(Note(NOT_COLLECTIVE_WORDS[how], {**label, "ops": _ops_text(quantity)}))
+                notes.extend(self._why_clean(runs, proof, quantity, how))
             elif proven is None and failure is not None:   # never observed, because the rank stopped
                 outcome, note = failure
                 notes.append(note)
@@ -272,32 +284,116 @@ class Judge:
 
     def evaluate_uses(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
         """The quantities came through their operations, and no forbidden operation ran: measured at the
-        switch, where every operation between ranks passes (there is no group it does not see)."""
+        switch, where every operation between ranks passes (there is no group it does not see). "Came
+        through" is evidence, not a call count: a quantity with the right numbers is proven from what its
+        operations delivered, or at least follows that data; right numbers that stay the same when the
+        grader changes the data in flight were computed without it (collectives on zeros, or on real data
+        whose results are never read, beside a local answer). A wrong value is left to its own checks.
+        The outcome says what happened: a forbidden operation, a rank that failed (so that an operation
+        never completed), right numbers computed without the operations' data, or a wrong use."""
         run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
         if run is None or run.stop == "grader_error":
             return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
         forbidden = set(check.forbid or self.exercise.forbidden)
-        notes = []
-        for record in run.ranks:
+        notes, outcome = [], Outcome.WRONG
+        # every run of the world size counts (code that behaves one way where values are checked and another
+        # where they are proven fails in the run that shows it): a forbidden operation in any of them, an
+        # operation not used in the deciding run or in any other that ended with no rank failing
+        measured = [m for m, _ in self.measured_runs(runs, None)] or [run]
+        for record in (rec for m in measured for rec in m.ranks):
             used = next((c for c in record.calls if c.op in forbidden), None)
             if used is not None:
                 notes.append(Note("fail.forbidden_op", {"rank": record.rank, "op": diagnose.op_name(used),
                                                         **diagnose.at(used)}))
                 notes += diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))
+                outcome = Outcome.FORBIDDEN
                 break
         wanted = {op for q in self.exercise.quantities for op in q.through}
         p2p = wanted & {"send", "recv"}
-        # used means completed: point-to-point, a send and a receive that met (on some ranks: a root may only
-        # receive); a collective, on every rank
-        done = [c for rec in run.ranks for c in rec.calls if c.completed and c.ok]
-        if p2p and not (any(c.op == "send" for c in done) and any(c.op == "recv" for c in done)):
-            notes.append(Note("fail.op_not_used", {"op": "/".join(sorted(p2p, reverse=True))}))
-        for op in sorted(wanted - p2p):
-            if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in run.ranks):
-                notes.append(Note("fail.op_not_used", {"op": op}))
+        unused = []
+        for m in [run] + [m for m in measured if m is not run and self.whole(m)]:
+            # used means completed: point-to-point, a send and a receive that met (on some ranks: a root may
+            # only receive); a collective, on every rank
+            done = [c for rec in m.ranks for c in rec.calls if c.completed and c.ok]
+            if p2p and not (any(c.op == "send" for c in done) and any(c.op == "recv" for c in done)):
+                unused.append("/".join(sorted(p2p, reverse=True)))
+            for op in sorted(wanted - p2p):
+                if not all(any(c.op == op and c.completed and c.ok for c in rec.calls) for rec in m.ranks):
+                    unused.append(op)
+            if unused:
+                unused = list(dict.fromkeys(unused))
+                break
+        if unused:
+            failures = [f for f in (diagnose.rank_failure(run, rec) for rec in run.ranks) if f is not None]
+            failure = next((f for f in failures if f[1].key != "fail.stopped"), failures[0] if failures else None)
+            if failure is not None:   # an operation never completed because a rank failed: that is the news
+                notes.append(failure[1])
+                if outcome is not Outcome.FORBIDDEN:
+                    outcome = failure[0]
+            notes += [Note("cause.op_not_used", {"op": op}) for op in unused]
+        elif outcome is not Outcome.FORBIDDEN:
+            notes += self._not_through(runs, wanted)
+            if notes:
+                outcome = Outcome.NOT_COLLECTIVE
         if notes:
-            return CheckResult(check, Outcome.WRONG, notes=notes)
+            return CheckResult(check, outcome, notes=notes)
         return CheckResult(check, Outcome.PASS, check.points, [Note("pass.uses", {"ops": sorted(wanted)})])
+
+    def _not_through(self, runs: WorldSizeRuns, wanted: set) -> list[Note]:
+        """For each quantity that comes through the operations of a "uses" check: a rank whose value has the
+        right numbers, is not proven, and stays exactly what it is in the clean run when the data in flight
+        changes (a locally computed answer beside the operations)."""
+        notes = []
+        for quantity in self.exercise.quantities:
+            if not quantity.provenance or not set(quantity.through) & wanted:
+                continue
+            for record in runs.clean.ranks if runs.clean is not None else []:
+                value, _ = self.value(record, quantity.name)
+                if self.judge_clean(quantity, value, runs.world_size, record.rank)[0] is not Outcome.PASS:
+                    continue   # a wrong value: its own checks say what is wrong with it
+                if self.provenance(runs, quantity, record.rank)[0]:
+                    continue
+                if self.how_computed(runs, quantity, record.rank) == "local":
+                    notes.append(Note("cause.result_unused", {"quantity": quantity.name, "ops": list(quantity.through)}))
+                    break
+        return notes
+
+    def follows(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool | None:
+        """Whether this rank's value changed between the clean run and a perturbed run that changed what its
+        operations delivered (True: it depends on that data; False: it stayed exactly the same, the deltas
+        being far beyond any tolerance); None where it cannot be told (no clean run, a rank that did not
+        return in either run, values of other shapes)."""
+        clean = runs.clean
+        if clean is None or rank >= len(clean.ranks):
+            return None
+        for run in runs.perturbed:
+            if not all(run.request.perturbs(op) for op in quantity.through) or rank >= len(run.ranks):
+                continue
+            a, b = clean.ranks[rank], run.ranks[rank]
+            if (a.result or {}).get("how") != "return" or (b.result or {}).get("how") != "return":
+                continue
+            va, vb = self.value(a, quantity.name)[0], self.value(b, quantity.name)[0]
+            if va.data is None or vb.data is None or va.data.shape != vb.data.shape or not va.floating:
+                continue
+            return not (np.array_equal(va.data, vb.data) or diagnose.all_close(vb.data, va.data, va.dtype))
+        return None
+
+    def how_computed(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> str:
+        """For right numbers that are not proven: "local" where the value stayed the same although everything
+        its operations delivered to the rank changed (certainly computed without it); "derived" where it
+        changed with that data (computed from it, though not as the exercise asks); "untraced" otherwise
+        (say, what was delivered travelled unperturbed: pickled objects, integers)."""
+        follows = self.follows(runs, quantity, rank)
+        if follows:
+            return "derived"
+        if follows is None:
+            return "untraced"
+        perturbed = next((run for run in runs.perturbed if all(run.request.perturbs(op) for op in quantity.through)), None)
+        calls = [c for c in perturbed.ranks[rank].calls if c.op in quantity.through or
+                 (c.op == "recv" and "send" in quantity.through)] if perturbed is not None else []
+        if all(perturbable(d.get("dtype", "")) for c in calls if c.receives for d in c.delivered):
+            return "local"
+        return "untraced"
 
     def whole(self, run: RunOutcome) -> bool:
         """The run ended with every rank done and none failing."""
@@ -369,8 +465,20 @@ class Judge:
         return []
 
     def overrule_static(self, results: list[CheckResult], runs: dict) -> None:
-        """A static check that found no forbidden operation in the text, contradicted by the runs (a name
-        built at run time, a group's own method): the operation ran, so the check fails after all."""
+        """Static checks against what the runs observed, the stronger evidence either way:
+          - an operation the text does not show reached (DTensor's full_tensor / redistribute, getattr
+            through a table of names): where every rank of a graded run completed it, called from the
+            submission's code, the check passes after all;
+          - no forbidden operation in the text, contradicted by the runs (a name built at run time, a
+            group's own method): the operation ran, so the check fails after all."""
+        for i, result in enumerate(results):
+            spec = result.spec
+            if spec.kind != "static" or not spec.op or result.passed or result.outcome not in (Outcome.NOT_CALLED, Outcome.TODO):
+                continue
+            seen = self._completed_everywhere(spec.op, runs)
+            if seen is not None:
+                results[i] = CheckResult(spec, Outcome.PASS, spec.points, [Note("static.called_at_run", {
+                    "op": spec.op, "entry": self.exercise.entry, "api": diagnose.op_name(seen), **diagnose.at(seen)})])
         for i, result in enumerate(results):
             spec = result.spec
             if spec.kind != "static" or not spec.forbid or not result.passed:
@@ -381,6 +489,77 @@ class Judge:
                 results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
                     Note("static.forbidden_at_run", {"op": diagnose.op_name(used), **diagnose.at(used)}),
                     *diagnose.forbidden_words(self.exercise, used.op, diagnose.op_name(used))])
+
+    @staticmethod
+    def _completed_everywhere(op: str, runs: dict):
+        """The first call of `op` in a graded switch run where every rank completed one from its code (not
+        from the module's top level), or None."""
+        for ws_runs in runs.values():
+            for run in (ws_runs.clean, *ws_runs.perturbed):
+                if run is None or run.stop == "grader_error" or not run.ranks:
+                    continue
+                found = [next((c for c in rec.calls if c.op == op and c.completed and c.ok and c.function != "<module>"), None)
+                         for rec in run.ranks]
+                if all(c is not None for c in found):
+                    return found[0]
+        return None
+
+    def _why_clean(self, runs: WorldSizeRuns, proof: Proof | None, quantity: Quantity, how: str) -> list[Note]:
+        """The tracer's finding for right numbers that are not proven, as the student may read it: with the
+        clean run's values (a perturbed run's numbers are the grader's, not what the code computes), and only
+        where it holds: a send blamed as not the rank's own data is left out where the clean run shows it was
+        (the same numbers), or where another quantity through the same operation is proven on every rank
+        (its proof says what each rank sent there was its own)."""
+        if proof is None or proof.finding is None:
+            return []
+        finding, clean = proof.finding, runs.clean
+        params = finding.params
+        if quantity.uses_context and finding.key in ("not_delivered", "contribution") and \
+                self._own_unknown(runs, proof, quantity, params.get("rank")):
+            return []   # what that rank should have computed cannot be told (its inputs were not the exercise's)
+        if finding.key == "not_delivered":
+            rank, element = params.get("rank"), params.get("element")
+            if clean is None or not isinstance(rank, int) or rank >= len(clean.ranks):
+                return []
+            data = self.value(clean.ranks[rank], quantity.name)[0].data
+            if data is None or not isinstance(element, int) or element >= data.size:
+                return []
+            key = "why.not_delivered" if how == "local" else "why.not_delivered_value"
+            return [Note(key, {"quantity": quantity.name, "rank": rank, "element": element,
+                               "value": float(data.reshape(-1)[element]), "ops": _ops_text(quantity)})]
+        if finding.key == "contribution":
+            rank, n, op = params.get("rank"), params.get("n"), params.get("op")
+            if any(other.name != quantity.name and op in other.through and other.provenance and
+                   all(self.provenance(runs, other, r)[0] for r in range(runs.world_size))
+                   for other in self.exercise.quantities):
+                return []
+            calls = clean.ranks[rank].calls if clean is not None and isinstance(rank, int) and rank < len(clean.ranks) else []
+            call = calls[n - 1] if isinstance(n, int) and 0 < n <= len(calls) and calls[n - 1].op == op else None
+            if call is None:
+                return []
+            sent = np.concatenate([v for v in call.sent_values() if v is not None] or [np.zeros(0)])
+            own = np.asarray(params.get("own") or [], dtype=np.float64)
+            if not quantity.uses_context and own.size and sent.size >= own.size and diagnose.all_close(sent[:own.size], own, "torch.float32"):
+                return []
+            notes = _why(proof, quantity)
+            for note in notes:
+                note.params["sent"] = diagnose.preview(sent)
+            return notes
+        return _why(proof, quantity)
+
+    def _own_unknown(self, runs: WorldSizeRuns, proof: Proof, quantity: Quantity, rank) -> bool:
+        """The exercise cannot say what `rank` should have computed in the run this proof was made in: its
+        own data, computed from what was delivered to it, is undefined (NaN: say, the ranks did not feed the
+        operations what the exercise expects)."""
+        run = next((r for r in runs.perturbed if any(self._proofs.get((id(r), quantity.name, q)) is proof
+                                                     for q in range(runs.world_size))), None)
+        if run is None or not isinstance(rank, int) or not 0 <= rank < runs.world_size:
+            return True
+        try:
+            options = quantity.local_options(rank, runs.world_size, RunContext(self.view(run)))
+        except Exception:  # noqa: BLE001  (an exercise's function never breaks grading)
+            return True
+        return all(np.isnan(option).any() for option in options)
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
@@ -398,6 +577,10 @@ def _tolerance(quantity: Quantity, value: Value) -> str:
     if quantity.tolerance:
         return quantity.tolerance
     return "torch.float32" if value.dtype in HALF else (value.dtype or "torch.float32")
+
+
+NOT_COLLECTIVE_WORDS = {"local": "fail.not_collective", "derived": "fail.not_collective_derived",
+                        "untraced": "fail.not_collective_untraced"}
 
 
 def _ops_text(quantity: Quantity) -> list[str]:
@@ -435,10 +618,12 @@ def _unique_causes(notes: list[Note]) -> list[Note]:
 
 
 def _drop_partial_unchanged(failed) -> None:
-    """`cause.unchanged` (the operation's result was not used) holds only if every rank whose value was
-    examined kept its own input; one rank whose input happens to equal a wrong result proves nothing."""
+    """`cause.unchanged` (the operation's result was not used), and its kin, hold only if every rank whose
+    value was examined kept its own input (divided by world_size, for `cause.own_data_divided`); one rank
+    whose input happens to equal a wrong result proves nothing."""
     examined = [notes for _, _, notes, details in failed if details]
-    if all(any(n.key == "cause.unchanged" for n in notes) for notes in examined):
-        return
-    for notes in examined:
-        notes[:] = [n for n in notes if n.key != "cause.unchanged"]
+    for key in ("cause.unchanged", "cause.unchanged_p2p", "cause.own_data_divided"):
+        if all(any(n.key == key for n in notes) for notes in examined):
+            continue
+        for notes in examined:
+            notes[:] = [n for n in notes if n.key != key]

@@ -107,7 +107,9 @@ def shape_causes(traffic: list[RankTraffic], n: int, size: int, complete=None) -
             return [Note("cause.traffic_none", {"rank": t.rank})]
     if n >= 3:
         hub = max(traffic, key=lambda t: (len(t.frm), t.received))
-        if len(hub.frm) >= 2 and len(hub.frm) == n - 1:
+        # one rank that receives from every other, the others from one at most (at 3 ranks, a rank of a
+        # ring that turns both ways also hears from both others: that is no gather)
+        if len(hub.frm) >= 2 and len(hub.frm) == n - 1 and all(len(t.frm) <= 1 for t in traffic if t is not hub):
             return [Note("cause.traffic_gather", {"rank": hub.rank, "k": _times(hub.received, size),
                                                   "m": len(hub.frm)})]
     for t in traffic:

@@ -24,6 +24,8 @@ threshold is 1 element). Every check runs such a program into the grader's deadl
 ones included, whose verdict names it: "every rank is blocked in send; post the receive first (irecv) or
 alternate the order by rank parity".
 """
+import re
+
 import numpy as np
 
 from grader.comm import COLLECTIVES
@@ -74,22 +76,73 @@ def _layouts(ws: int) -> list[list[tuple[int, int]]]:
     return [split, ceil]
 
 
-def after_reduce_scatter(ws: int, rank: int, d: int, layout) -> np.ndarray:
+def after_reduce_scatter(ws: int, rank: int, d: int, layout, add: bool = True) -> np.ndarray:
     """Rank `rank`'s tensor after the N - 1 reduce-scatter steps of a ring turning d (+1 or -1), and no
-    all-gather: what a solution that stops halfway returns."""
+    all-gather: what a solution that stops halfway returns. add=False: each step copies what arrived
+    over the chunk instead of adding it."""
+    return _ring(ws, d, layout, add, gather=False)[rank]
+
+
+def _ring(ws: int, d: int, layout, add: bool, gather: bool, sends: list | None = None) -> list[np.ndarray]:
+    """Every rank's tensor after a ring turning d (the reduce-scatter, then the all-gather if `gather`);
+    `sends`, when given, collects what each rank sends, in order (one list per rank)."""
     state = [local(q, ws) for q in range(ws)]
+    if sends is not None:
+        sends[:] = [[] for _ in range(ws)]
     for s in range(ws - 1):
         sent = [state[q][slice(*layout[(q - d * s) % ws])].copy() for q in range(ws)]
         for q in range(ws):
             a, b = layout[(q - d * s) % ws]
-            state[(q + d) % ws][a:b] += sent[q]
-    return state[rank]
+            if add:
+                state[(q + d) % ws][a:b] += sent[q]
+            else:
+                state[(q + d) % ws][a:b] = sent[q]
+        for q in range(ws) if sends is not None else ():
+            sends[q].append(sent[q])
+    for s in range(ws - 1 if gather else 0):
+        sent = [state[q][slice(*layout[(q + d - d * s) % ws])].copy() for q in range(ws)]
+        for q in range(ws):
+            a, b = layout[(q + d - d * s) % ws]
+            state[(q + d) % ws][a:b] = sent[q]
+        for q in range(ws) if sends is not None else ():
+            sends[q].append(sent[q])
+    return state
+
+
+def copied_not_added(ws: int, rank: int, d: int, layout, sent: list) -> bool:
+    """The rank's sends are, one by one, those of a whole ring turning d whose reduce-scatter steps copy what
+    arrived over the chunk (copy_) instead of adding it. (Its values alone do not tell: an all-gather that
+    starts one chunk early ends with the same numbers, from other sends.)"""
+    expected: list = []
+    _ring(ws, d, layout, add=False, gather=True, sends=expected)
+    mine = expected[rank]
+    return len(sent) == len(mine) and all(a.shape == b.shape and np.allclose(a, b, rtol=1e-5) for a, b in zip(sent, mine))
+
+
+def _peers(call, rank):
+    """A point-to-point call's peer as a global rank (None: not known)."""
+    peer = call.peer if call.peer is not None else call.source
+    if peer is None:
+        return None
+    group = list(call.group or ())
+    return group[peer] if 0 <= peer < len(group) else peer
 
 
 def diagnose(name, data, ws, rank, context):
-    """Which step of the ring went wrong, for a rank that returned a wrong sum. Every element of the
-    right answer is index x SCALE x N(N+1)/2; the multipliers data[i] / (i SCALE) say which ranks' data an
-    element holds."""
+    """Which step of the ring went wrong. From the rank's operations: a send to itself or to a rank that is
+    not a neighbour; from its exception: chunks cut with view / reshape, which need a length the world size
+    divides. From the values of a rank that returned a wrong sum: every element of the right answer is
+    index x SCALE x N(N+1)/2, and the multipliers data[i] / (i SCALE) say which ranks' data an element holds."""
+    calls = context.get("calls") or []
+    sends = [c for c in calls if c.op == "send"]
+    if ws > 1 and any(_peers(c, rank) == rank for c in sends):
+        return [("cause.send_to_self", {})]
+    if ws > 2 and any(_peers(c, rank) not in ((rank + 1) % ws, (rank - 1) % ws) for c in sends):
+        return [("cause.not_neighbour", {})]
+    error = context.get("error") or {}
+    message = str(error.get("message") or "")
+    if error.get("type") == "RuntimeError" and LENGTH % ws and re.search(r"shape '\[[^\]]*\]' is invalid for input of size", message):
+        return [("cause.view_uneven", {})]
     if data is None or data.size != LENGTH or ws < 2 or not context.get("returned", True):
         return []
     full = ws * (ws + 1) / 2
@@ -97,6 +150,8 @@ def diagnose(name, data, ws, rank, context):
     right = np.isclose(m, full, rtol=1e-5)
     if right.all():
         return []
+    if np.allclose(m, rank + 1, rtol=1e-5):
+        return []   # its own data, unchanged: the engine says so (nothing received reached the tensor)
     tail = LENGTH % ws
     if tail and right[: LENGTH - 1 - tail].all():
         return [("cause.uneven", {})]
@@ -105,6 +160,9 @@ def diagnose(name, data, ws, rank, context):
         return [("cause.no_all_gather", {})]
     if np.all(m >= full - 1e-3):
         return [("cause.own_twice", {})]
+    sent = [np.concatenate([v for v in c.sent_values() if v is not None] or [np.zeros(0)]) for c in sends]
+    if any(copied_not_added(ws, rank, d, layout, sent) for d in (1, -1) for layout in _layouts(ws)):
+        return [("cause.copy_not_add", {})]   # what arrived replaced the partial sum instead of adding to it
     return [("cause.chunk_mixup", {})]
 
 
@@ -124,6 +182,22 @@ MESSAGES = {
                             "（再 N - 1 步），把每个进程求好的那一块传给所有进程。",
                             "Cause: one chunk holds the complete sum and the others partial sums: after the reduce-scatter "
                             "comes the all-gather phase (N - 1 more steps), which passes every rank's finished chunk to all."),
+    "cause.send_to_self": ("原因：有进程把数据发给了它自己（dst 等于自己的 rank）：环中进程 r 只发给右邻居 (r + 1) % N，只从左邻居 (r - 1) % N 接收。",
+                           "Cause: a rank sends to itself (dst is its own rank): in the ring, rank r sends only to its right neighbour "
+                           "(r + 1) % N and receives only from its left, (r - 1) % N."),
+    "cause.not_neighbour": ("原因：有进程把数据发给了不是邻居的进程（例如 rank + 2）：环中进程 r 只发给右邻居 (r + 1) % N，只从左邻居 (r - 1) % N 接收。",
+                            "Cause: a rank sends to a rank that is not its neighbour (rank + 2, say): in the ring, rank r sends only to "
+                            "its right neighbour (r + 1) % N and receives only from its left, (r - 1) % N."),
+    "cause.view_uneven": ("原因：tensor.view(world_size, -1)（或 reshape）要求长度能被 world_size 整除，而这个张量的长度不能：请把它切成大小不等的块，"
+                          "例如 tensor.tensor_split(world_size)（块是原张量的视图，写入块就是写入张量）。",
+                          "Cause: tensor.view(world_size, -1) (or reshape) needs a length that world_size divides, and this tensor's "
+                          "length is not divisible by it: cut it into chunks of unequal sizes instead, tensor.tensor_split(world_size) "
+                          "(views of the tensor: writing a chunk writes the tensor)."),
+    "cause.copy_not_add": ("原因：每个元素只含一个进程的数据，不是总和，正是 Reduce-Scatter 每一步用收到的块覆盖自己的块时的结果："
+                           "要把收到的块加到自己的块上（chunk += incoming，或 add_），不能用它覆盖（copy_、赋值）——覆盖会丢掉已经累加的部分和。",
+                           "Cause: every element holds one rank's data, not the sum, exactly what a ring gives whose reduce-scatter "
+                           "steps copy what arrived over the chunk: add it to your chunk instead (chunk += incoming, or add_); copying "
+                           "it over (copy_, assignment) throws the partial sum away."),
     "cause.chunk_mixup": ("原因：有的块不是所有进程数据的总和（有的进程缺了，有的多算了）——检查每一步发送和接收的块号："
                           "第 s 步，进程 r 在 Reduce-Scatter 中发送块 (r - s) % N、接收块 (r - s - 1) % N；"
                           "在 All-Gather 中发送块 (r + 1 - s) % N、接收块 (r - s) % N。",

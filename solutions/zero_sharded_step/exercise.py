@@ -17,17 +17,19 @@ shard it computed from the gradient shards the reduce-scatter delivered to it (i
 shard at step 2, or the slice of the gathered parameters), and fed the reduce-scatter its own full
 gradient (or that gradient / N with a sum); its momentum is the one it computed from those deliveries.
 A gradient all-reduced whole and then sliced gives the right numbers from what the all-reduce delivered
-(it is perturbed too): the value points, not the primitives points.
+(it is perturbed too): the value points, not the primitives points, also beside a reduce-scatter whose
+result goes unused (calls beside the steps', a warm-up say, are passed over).
 
 Points (100): static 10 (run_worker reaches reduce_scatter 5, all_gather 5); for each world size 30:
 the parameters 15, the momentum shard (sharded optimizer state) 10, the primitives 5 (reduce_scatter
-and all_gather used, no all_reduce: the same bytes as reduce-scatter + all-gather, with no saving in
-memory). World size 2 is visible (P = 1030 is a multiple of 2); 3 and 4 are hidden (1030 is a multiple
+and all_gather used, the quantities through them, no all_reduce: the same bytes as reduce-scatter +
+all-gather, with no saving in memory). World size 2 is visible (P = 1030 is a multiple of 2); 3 and 4 are hidden (1030 is a multiple
 of neither: the padding counts).
 """
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -73,16 +75,18 @@ def _real(rank: int, ws: int) -> int:
 # -- the reference, and the same loop with a mistake in it --------------------------------------------
 @functools.lru_cache(maxsize=64)
 def simulate(ws: int, divide: bool = True, carry: bool = True, own_gradient: bool = False,
-             base: str = "own") -> tuple[np.ndarray, np.ndarray]:
+             base: str = "own", steps: int = STEPS, sign: float = 1.0, reuse: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(parameters [P], momentum shards [shard * ws]) after STEPS sharded steps on ws ranks, each rank
     updating its shard with the averaged gradient. The mistakes: divide=False, the sum not divided;
     carry=False, the momentum restarted every step; own_gradient, each rank's shard updated with its
     own local gradient; base, the parameters a rank's update starts from: "own" (its shard), "first"
-    (shard 0 for every rank), "next" / "previous" (the shard of rank q + 1 / q - 1)."""
+    (shard 0 for every rank), "next" / "previous" (the shard of rank q + 1 / q - 1); steps, how many
+    steps are made; sign=-1, the update added instead of subtracted; reuse, the first step's gradient
+    used again at every step."""
     s = shard_size(ws)
     params, momentum = _padded(initial_parameters(), ws), np.zeros(s * ws)
-    for step in range(1, STEPS + 1):
-        total = np.sum([local_gradient(q, step) for q in range(ws)], axis=0)
+    for step in range(1, steps + 1):
+        total = np.sum([local_gradient(q, 1 if reuse else step) for q in range(ws)], axis=0)
         mean = _padded(total / (ws if divide else 1), ws)
         updated = np.empty_like(params)
         for q in range(ws):
@@ -90,7 +94,7 @@ def simulate(ws: int, divide: bool = True, carry: bool = True, own_gradient: boo
             grad = _padded(local_gradient(q, step), ws)[mine] if own_gradient else mean[mine]
             momentum[mine] = (MOMENTUM * momentum[mine] if carry else 0) + grad
             b = {"own": q, "first": 0, "next": (q + 1) % ws, "previous": (q - 1) % ws}[base]
-            updated[mine] = params[b * s:(b + 1) * s] - LR * momentum[mine]
+            updated[mine] = params[b * s:(b + 1) * s] - sign * LR * momentum[mine]
         params = updated
     return params[:P], momentum
 
@@ -105,15 +109,16 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 
 
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
-def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter") -> float | None:
-    """What rank q fed its k-th reduce-scatter (or all-reduce): its own padded gradient of step k+1 (1.0),
-    that gradient divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too
-    (it lands in the last rank's momentum; the parameters drop it)."""
+def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter",
+               step: int | None = None) -> float | None:
+    """What rank q fed its k-th reduce-scatter (or all-reduce): its own padded gradient of `step` (default
+    k + 1) (1.0), that gradient divided by N (1/N), or anything else (None). zero_padding: the padding
+    must be zeros too (it lands in the last rank's momentum; the parameters drop it)."""
     sent = ctx.sent(q, op)
     sizes = (shard_size(ws) * ws,) if op == "reduce_scatter" else (shard_size(ws) * ws, P)
     if len(sent) <= k or sent[k].size not in sizes or (zero_padding and np.any(sent[k][P:] != 0)):
         return None
-    own = local_gradient(q, k + 1)
+    own = local_gradient(q, k + 1 if step is None else step)
     for scale in (1.0, 1.0 / ws):
         if np.allclose(sent[k][:P], scale * own, rtol=2e-5, atol=1e-6):
             return scale
@@ -122,43 +127,56 @@ def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "redu
 
 def _momentum_steps(rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
     """The rank's momentum shard after each step, from the gradient shards the reduce-scatter delivered
-    to it; None unless every rank fed every reduce-scatter its own gradient."""
+    to it; None unless every rank fed every reduce-scatter its own gradient. Failing that, from the whole
+    gradient all-reduced at each step and this rank's shard sliced out: the right numbers (the primitives
+    check takes its points away: the same bytes, no memory saved), also beside a reduce-scatter whose
+    result goes unused."""
+    for op in ("reduce_scatter", "all_reduce"):
+        steps = _steps_through(op, rank, ws, ctx, zero_padding)
+        if steps is not None:
+            return steps
+    return None
+
+
+def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
+    """The momentum after each step from the calls of `op` that carried the steps' gradients: STEPS of them,
+    in order (others beside them, a warm-up say, are passed over)."""
     s = shard_size(ws)
-    op, delivered = "reduce_scatter", ctx.delivered(rank, "reduce_scatter")
-    if not delivered and len(ctx.delivered(rank, "all_reduce")) == STEPS:
-        # the whole gradient all-reduced, then this rank's shard sliced out: the right numbers (the
-        # primitives check takes the points away: the same bytes, no memory saved)
-        op = "all_reduce"
-        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d
-                     for d in ctx.delivered(rank, "all_reduce")]
+    delivered = ctx.delivered(rank, op)
+    if op == "all_reduce":
+        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d for d in delivered]
     reduces = ctx.reduces(rank, op)
-    if len(delivered) != STEPS or any(d.size != s for d in delivered):
+    if len(delivered) > 8:
         return None
-    momentum, out = np.zeros(s), []
-    for k in range(STEPS):
-        scales = {_fed_scale(q, k, ws, ctx, zero_padding, op) for q in range(ws)}
-        if len(scales) != 1 or None in scales:
-            return None
-        fed = scales.pop()
-        if reduces[k] == "AVG":
-            factor = 1.0 if fed == 1.0 else None       # an average of gradients / N is N times too small
+    for chosen in itertools.combinations([k for k, d in enumerate(delivered) if d.size == s], STEPS):
+        momentum, out = np.zeros(s), []
+        for step, k in enumerate(chosen, 1):
+            scales = {_fed_scale(q, k, ws, ctx, zero_padding, op, step) for q in range(ws)}
+            if len(scales) != 1 or None in scales:
+                break
+            fed = scales.pop()
+            if reduces[k] == "AVG":
+                factor = 1.0 if fed == 1.0 else None       # an average of gradients / N is N times too small
+            else:
+                factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
+            if factor is None or reduces[k] not in (None, "SUM", "AVG"):
+                break
+            momentum = MOMENTUM * momentum + factor * delivered[k]
+            out.append(momentum)
         else:
-            factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
-        if factor is None or reduces[k] not in (None, "SUM", "AVG"):
-            return None
-        momentum = MOMENTUM * momentum + factor * delivered[k]
-        out.append(momentum)
-    return out
+            return out
+    return None
 
 
 def _own_momentum(rank: int, ws: int, ctx) -> np.ndarray:
-    steps = _momentum_steps(rank, ws, ctx, zero_padding=True)
+    # the padding the ranks feed lands in the shard that holds it (the last rank's): only there must it be zeros
+    steps = _momentum_steps(rank, ws, ctx, zero_padding=_real(rank, ws) < shard_size(ws))
     return steps[-1] if steps is not None else np.full(shard_size(ws), np.nan)
 
 
 def _own_shard(rank: int, ws: int, ctx):
     """The parameter shard the rank must have fed the last all-gather: updated from its own copy of its
-    shard, or from its slice of the parameters the first all-gather delivered (both honest)."""
+    shard, or from its slice of the parameters an earlier all-gather delivered (both honest)."""
     steps = _momentum_steps(rank, ws, ctx, zero_padding=False)
     s, real = shard_size(ws), _real(rank, ws)
     if steps is None:
@@ -167,8 +185,9 @@ def _own_shard(rank: int, ws: int, ctx):
     start = _padded(initial_parameters(), ws)[rank * s:(rank + 1) * s]
     bases = [start - LR * first]
     gathered = ctx.delivered(rank, "all_gather")
-    if gathered and gathered[0].size == s * ws:
-        bases.append(gathered[0][rank * s:(rank + 1) * s])
+    for earlier in gathered[:max(1, len(gathered) - 1)]:    # the last one delivers what this shard feeds
+        if earlier.size == s * ws:
+            bases.append(earlier[rank * s:(rank + 1) * s])
     return Alternatives(*[(base - LR * last)[:real] for base in bases])
 
 
@@ -202,6 +221,18 @@ def _gathered_gradients(calls, ws: int) -> bool:
     return False
 
 
+def _not_own_gradient(calls, ws: int, rank: int) -> bool:
+    """The rank fed its reduce-scatters something, but never its own gradient of a step (nor that gradient
+    / N): an average it computed itself, or one rank's sum sent for all."""
+    sent = [np.concatenate([v for v in c.sent_values() if v is not None] or [np.zeros(0)])
+            for c in calls if c.op == "reduce_scatter" and c.sends]
+    sent = [v for v in sent if v.size == shard_size(ws) * ws]
+    if not sent:
+        return False
+    own = [scale * local_gradient(rank, step) for step in range(1, STEPS + 1) for scale in (1.0, 1.0 / ws)]
+    return not any(_close(v[:P], g) for v in sent for g in own)
+
+
 def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
     """Causes named in the exercise's terms (no values: hidden checks may show them)."""
     calls = context.get("calls") or []
@@ -215,6 +246,8 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
         out.append(("cause.padding", {}))
     if _gathered_gradients(calls, ws):
         out.append(("cause.gathered_gradients", {}))
+    if _not_own_gradient(calls, ws, rank):
+        out.append(("cause.not_own_gradient", {}))
     if context.get("outcome") != "wrong" or values is None:
         return out   # the numbers below explain wrong values only
     if quantity == "momentum":
@@ -229,13 +262,21 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
             out.append(("cause.not_divided", {}))
         elif _close(values, simulate(ws, carry=False)[1][mine]):
             out.append(("cause.momentum_reset", {}))
+        elif _close(values, simulate(ws, steps=1)[1][mine]):
+            out.append(("cause.one_step", {}))
+        elif _close(values, -simulate(ws)[1][mine]):
+            out.append(("cause.sign_flipped", {}))
+        elif _close(values, simulate(ws, reuse=True)[1][mine]):
+            out.append(("cause.gradient_reused", {}))
     if quantity == "params":
         if shape == [s * ws] and shape != [P]:
             out.append(("cause.padding_kept", {}))
         elif values.size == P:
             mistakes = (("cause.not_divided", {"divide": False}), ("cause.momentum_reset", {"carry": False}),
                         ("cause.local_update", {"own_gradient": True}), ("cause.wrong_shard", {"base": "first"}),
-                        ("cause.wrong_shard", {"base": "next"}), ("cause.wrong_shard", {"base": "previous"}))
+                        ("cause.wrong_shard", {"base": "next"}), ("cause.wrong_shard", {"base": "previous"}),
+                        ("cause.one_step", {"steps": 1}), ("cause.sign_flipped", {"sign": -1.0}),
+                        ("cause.gradient_reused", {"reuse": True}))
             out += [(key, {}) for key, knobs in mistakes if _close(values, simulate(ws, **knobs)[0])][:1]
             tail = P // ws * ws
             if P % ws and _close(values[:tail], simulate(ws)[0][:tail]):
@@ -316,6 +357,25 @@ MESSAGES = {
         "原因：每个进程用自己的本地梯度更新了全部参数再做 all_gather：应当只更新自己的分片，而且要用 reduce_scatter 得到的平均梯度。",
         "Cause: every rank updated the full parameters with its own local gradient, then gathered them: update only "
         "your shard, with the averaged gradient that reduce_scatter delivered."),
+    "cause.one_step": (
+        "原因：只做了一步更新：要做 STEPS 步（对每一步循环），每一步都 reduce_scatter、更新、all_gather。",
+        "Cause: only one step was made: make STEPS steps (a loop over the steps), each one a reduce_scatter, an "
+        "update and an all_gather."),
+    "cause.sign_flipped": (
+        "原因：更新的方向反了（每个更新量正好取了相反数）：梯度下降是 momentum = MOMENTUM * momentum + grad，"
+        "param_shard = param_shard - LR * momentum（减号）。",
+        "Cause: the update goes the wrong way (every step of it exactly negated): gradient descent is momentum = "
+        "MOMENTUM * momentum + grad, then param_shard = param_shard - LR * momentum (a minus)."),
+    "cause.gradient_reused": (
+        "原因：第二步用的还是第一步的梯度：每一步都要重新取本步的梯度 local_gradient(rank, step)，再做 reduce_scatter。",
+        "Cause: the second step used the first step's gradient again: take each step's own gradient, "
+        "local_gradient(rank, step), and reduce_scatter it at that step."),
+    "cause.not_own_gradient": (
+        "原因：reduce_scatter 收到的不是本进程自己的梯度（local_gradient(rank, step)）：每个进程都应发送自己的梯度，"
+        "由 reduce_scatter 求和；自己在本地算好平均值再发送，或者由一个进程替所有进程发送，都不是通信得到的结果。",
+        "Cause: reduce_scatter was not fed this rank's own gradient (local_gradient(rank, step)): every rank sends its own "
+        "gradient and reduce_scatter sums them; an average a rank computed itself, or one rank sending for all, is not "
+        "what the communication computes."),
     "cause.gathered_gradients": (
         "原因：all_gather 收集的是梯度分片，然后每个进程在本地更新完整参数；ZeRO 收集的是更新后的参数分片。",
         "Cause: the all_gather collected gradient shards and every rank then updated the full parameters itself; ZeRO "
