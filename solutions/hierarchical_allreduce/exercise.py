@@ -84,8 +84,7 @@ def mistakes(rank: int, ws: int) -> list[tuple[str, np.ndarray]]:
         ("cause.averaged", total(ws) / ws),
         ("cause.node_sum_only", node_sum),
         ("cause.no_broadcast", local_tensor(rank)),
-        ("cause.broadcast_wrong_root", local_tensor(node[1])),
-        ("cause.broadcast_wrong_root", local_tensor(node[0])),
+        ("cause.broadcast_wrong_root", local_tensor(node[1])),     # src = the node's second rank
         ("cause.leaders_wrong", node_sum + np.sum([local_tensor(q) for q in range(ws) if q % NODE_SIZE and q not in node], axis=0)),
     ]
 
