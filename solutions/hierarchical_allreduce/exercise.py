@@ -141,7 +141,7 @@ MESSAGES = {
         "It must run on the ranks that hold the node sums (the reduce's dst, the leaders), and the broadcast comes after it."),
     "cause.no_broadcast": (
         "原因：这个进程的结果还是它自己的数据：跨节点 all_reduce 之后只有 leader 拿到了总和，"
-        "还要在节点内从 leader broadcast 给其他进程。",
+        "还要在节点内由 leader 用 broadcast 发给其他进程。",
         "Cause: this rank still holds its own data: after the all_reduce across nodes only the leaders hold the sum, "
         "which a broadcast inside the node from the leader passes on."),
     "cause.broadcast_wrong_root": (
