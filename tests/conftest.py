@@ -88,7 +88,8 @@ def grade(tmp_path):
 
 # The files that take longest go to the workers first (--dist loadfile hands out files in collection
 # order): the workers then finish together instead of one running the last big file alone.
-SLOWEST_FIRST = ["test_attacks.py", "test_grade_fixtures.py", "test_causes.py", "test_ring_allreduce.py", "test_sandbox.py", "test_zero_sharded_step.py",
+SLOWEST_FIRST = ["test_attacks.py", "test_grade_fixtures.py", "test_causes.py", "test_ring_allreduce.py", "test_sandbox.py",
+                 "test_zero_sharded_step.py", "test_grad_accum_no_sync.py", "test_hierarchical_allreduce.py", "test_fp16_allreduce.py",
                  "test_cli.py", "test_batch.py", "test_nbgrader_e2e.py", "test_notebook.py", "test_discovery.py"]
 
 

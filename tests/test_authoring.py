@@ -78,6 +78,9 @@ def test_the_kinds_are_one_table():
     assert set(KINDS) == {"static", "value", "uses", "traffic", "counts", "volume", "groups"}
     with pytest.raises(DeclarationError, match="there is no kind 'latency'"):
         Check("ws2.c", "latency", 1, ("c", "c"), world_size=2)
+    with pytest.raises(DeclarationError) as raised:   # a kind's own fields, checked at load
+        Check("ws2.c", "counts", 1, ("c", "c"), world_size=2)
+    assert raised.value.key == "declare.needs"
 
 
 # -- Quantity.local takes the run only when the declaration says so ---------------------------------

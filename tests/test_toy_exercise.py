@@ -1,8 +1,10 @@
 """An instructor adds an exercise without touching grader/: a folder with exercise.py, found through
---exercises-dir, graded end to end (an honest, a wrong and a locally computed submission)."""
+--exercises-dir, graded end to end (an honest, a wrong and a locally computed submission); and one that
+declares the check kinds measured at the switch (counts, volume, groups) with Quantity.tolerance."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -110,3 +112,126 @@ def test_toy_exercise_graded_end_to_end(toy, tmp_path):
     # the exercise is inferred from the code when not named (its entry function is unique to it)
     single = run_cli("check", str(toy / "class" / "honest.py"), "--exercises-dir", str(toy), "--lang", "zh")
     assert single.returncode == 0 and "得分：6 / 6" in single.stdout
+
+
+# -- the check kinds measured at the switch: counts, volume, groups (docs/exercises.md) -------------------
+
+KINDS_EXERCISE = '''
+"""Toy exercise: the sum over every rank, reduced in each node of 2 ranks, all-reduced in float16 across the
+node leaders, broadcast back into the node."""
+from grader.exercise import Check, Exercise, Quantity
+
+N = 16
+
+def data(rank, ws):
+    return [float(i + rank) for i in range(N)]
+
+def checks(ws, hidden):
+    return (
+        Check(f"ws{ws}.total", "value", 4, ("和（{ws} 个进程）", "Sum ({ws} ranks)"), hidden=hidden, world_size=ws,
+              quantity="total"),
+        Check(f"ws{ws}.one_broadcast", "counts", 1, ("一次 broadcast", "One broadcast"), hidden=hidden, world_size=ws,
+              op="broadcast", quantity="total", params={"count": 1}),
+        Check(f"ws{ws}.leaders_only", "counts", 1, ("只有 leader all_reduce", "Only the leaders all-reduce"), hidden=hidden,
+              world_size=ws, op="all_reduce", quantity="total", params={"count": lambda ws: ws // 2, "per": "all"}),
+        Check(f"ws{ws}.half", "volume", 1, ("半精度", "Half precision"), hidden=hidden, world_size=ws, op="all_reduce",
+              quantity="total", params={"dtypes": ("torch.float16", "torch.bfloat16")}),
+        Check(f"ws{ws}.nodes", "groups", 1, ("分层", "Hierarchy"), hidden=hidden, world_size=ws, quantity="total",
+              params={"node": 2, "inside": ("reduce", "broadcast")}),
+    )
+
+EXERCISE = Exercise(
+    name="toy_kinds",
+    title=("分层求和", "A hierarchical sum"),
+    entry="hier_sum",
+    defines=("hier_sum",),
+    quantities=(Quantity("total", local=data, combine="sum", through=("reduce", "all_reduce", "broadcast"),
+                         tolerance="torch.float16"),),
+    checks=(*checks(4, False), *checks(6, True)),
+)
+'''
+
+HIER_SUM = '''
+import torch
+import torch.distributed as dist
+
+def hier_sum(rank, world_size, dtype=torch.float16):
+    total = torch.arange(16, dtype=torch.float32) + rank
+    nodes = [dist.new_group([2 * k, 2 * k + 1]) for k in range(world_size // 2)]
+    leaders = dist.new_group(list(range(0, world_size, 2)))
+    leader = rank - rank % 2
+    dist.reduce(total, dst=leader, group=nodes[rank // 2])
+    if rank == leader:
+        half = total.to(dtype)
+        dist.all_reduce(half, group=leaders)
+        total = half.float()
+    dist.broadcast(total, src=leader, group=nodes[rank // 2])
+    return total
+'''
+HIER_SUM32 = HIER_SUM.replace("dtype=torch.float16", "dtype=torch.float32")
+FLAT_SUM = '''
+import torch
+import torch.distributed as dist
+
+def hier_sum(rank, world_size):
+    total = torch.arange(16, dtype=torch.float32) + rank
+    dist.all_reduce(total)
+    return total
+'''
+LOCAL_SUM = HIER_SUM.replace("    return total\n", "    return sum(torch.arange(16, dtype=torch.float32) + r for r in range(world_size))\n")
+
+
+@pytest.mark.timeout(240)
+def test_counts_volume_and_groups_checks_graded_end_to_end(tmp_path):
+    """An exercise declaring the three kinds, written into a temporary folder (grader/ untouched), and four
+    submissions through one `batch`: each kind passes, or fails with its own cause, only where it should; beside
+    a locally computed sum none of them counts."""
+    course = tmp_path / "course"
+    (course / "toy_kinds").mkdir(parents=True)
+    (course / "toy_kinds" / "exercise.py").write_text(textwrap.dedent(KINDS_EXERCISE))
+    subs = tmp_path / "class"
+    subs.mkdir()
+    for name, text in (("hier", HIER_SUM), ("hier32", HIER_SUM32), ("flat", FLAT_SUM), ("local", LOCAL_SUM)):
+        (subs / f"{name}.py").write_text(text)
+    listed = run_cli("list", "--exercises-dir", str(course), "--lang", "en")
+    assert "  toy_kinds: A hierarchical sum (16 points; visible world sizes 4)" in listed.stdout
+    out = tmp_path / "out"
+    proc = run_cli("batch", str(subs), "--out", str(out), "--exercises-dir", str(course), "--exercise", "toy_kinds",
+                   "--lang", "en", timeout=230)
+    assert proc.returncode == 0, proc.stderr
+    results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+
+    def failing(name):
+        return {k: v for k, v in results[name]["extra_data"]["outcomes"].items() if v != "pass"}
+
+    def causes(name, check_id):
+        return {c["key"] for c in results[name]["extra_data"]["causes"].get(check_id, [])}
+
+    def text(name, check_id):
+        ids = list(results[name]["extra_data"]["outcomes"])
+        return results[name]["tests"][ids.index(check_id)]["output"]
+
+    assert results["hier"]["score"] == 16 and failing("hier") == {}
+    assert "Passed: all_reduce carried torch.float16, torch.bfloat16, at most 32 bytes per rank, within the bound of 32 bytes." \
+        in text("hier", "ws4.half")
+    assert "across nodes one rank per node takes part (ranks 0, 2): 64 bytes crossed the node boundary" in text("hier", "ws4.nodes")
+    # float32 across the leaders: right, hierarchical, not compressed (the value compared with float16's tolerance)
+    assert failing("hier32") == {"ws4.half": "wrong", "ws6.half": "wrong"}
+    assert causes("hier32", "ws4.half") == {"cause.volume_dtype", "cause.volume_bytes"}
+    assert "Cause: rank 0 sent 64 bytes in 1 all_reduce, over the bound of 32 bytes." in text("hier32", "ws4.half")
+    # one flat all-reduce: the right sum; no broadcast, every rank all-reduces, float32, across nodes
+    assert failing("flat") == {f"ws{ws}.{k}": "wrong" for ws in (4, 6) for k in ("one_broadcast", "leaders_only", "half", "nodes")}
+    assert causes("flat", "ws4.one_broadcast") == {"cause.counts_fewer"}
+    assert "Cause: rank 0 completed broadcast 0 times; wanted: 1." in text("flat", "ws4.one_broadcast")
+    assert "Cause: the ranks completed all_reduce 4 times in all; wanted: 2." in text("flat", "ws4.leaders_only")
+    assert causes("flat", "ws4.nodes") == {"cause.groups_flat"}
+    # hidden: the same causes without their figures
+    hidden = text("flat", "ws6.leaders_only") + text("flat", "ws6.nodes") + text("flat", "ws6.half")
+    assert "Cause: the ranks' number of all_reduce in all is not the one wanted." in hidden
+    assert "Cause: all_reduce crossed nodes with more than one rank of a node" in hidden
+    assert not re.search(r"\d", hidden.replace("Hidden check", ""))
+    # a locally computed sum: not derived from the communication, and no kind counts beside it
+    assert results["local"]["score"] == 0
+    assert failing("local") == {"ws4.total": "not_collective", "ws6.total": "not_collective",
+                                **{f"ws{ws}.{k}": "wrong" for ws in (4, 6) for k in ("one_broadcast", "leaders_only", "half", "nodes")}}
+    assert causes("local", "ws4.half") == {"cause.kind_needs_value"}

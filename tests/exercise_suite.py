@@ -1,0 +1,176 @@
+"""What every exercise's test file does through the real entry points (tests/test_grad_accum_no_sync.py,
+tests/test_fp16_allreduce.py, tests/test_hierarchical_allreduce.py): one `batch` call per fixture folder,
+the feedback as a student reads it, the solution and the stub through `grade`, `batch`, the notebook check
+and nbgrader. Not collected by pytest (no test_ prefix); the assertions live in the callers.
+"""
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+
+from conftest import FIXTURES, ROOT, grade_cli, graded_folder, run_cli
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def paths(ex: str) -> dict[str, Path]:
+    return {"solution_py": ROOT / "solutions" / ex / f"{ex}.py", "solution_nb": ROOT / "solutions" / ex / f"{ex}.ipynb",
+            "release_py": ROOT / "assignments" / ex / f"{ex}.py", "release_nb": ROOT / "assignments" / ex / f"{ex}.ipynb"}
+
+
+def batch(ex: str, folder: str, tmp_path_factory, lang: str = "zh") -> dict:
+    """{student: results.json} of ONE `batch` call over tests/fixtures/<ex>/<folder> (conftest.graded_folder:
+    shared with tests/test_causes.py)."""
+    out = graded_folder(tmp_path_factory, f"{ex}/{folder}", ex, lang)
+    with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
+        rows = {row["student"]: row for row in csv.DictReader(fh)}
+    names = sorted(p.stem for p in (FIXTURES / ex / folder).glob("*.py"))
+    assert sorted(rows) == names, (sorted(rows), names)
+    return {name: json.loads((out / f"{name}.json").read_text(encoding="utf-8")) for name in names}
+
+
+def outcomes(results: dict) -> dict:
+    return results["extra_data"]["outcomes"]
+
+
+def failing(results: dict) -> dict:
+    return {k: v for k, v in outcomes(results).items() if v != "pass"}
+
+
+def named(results: dict, check_id: str) -> set[str]:
+    """The catalog keys of the causes a check names (the exercise's under `<exercise>.`)."""
+    return {c["key"] for c in results["extra_data"]["causes"].get(check_id, [])}
+
+
+def output_of(results: dict, check_id: str) -> str:
+    """The feedback of one check as the student reads it (results.json keeps the tests in rubric order)."""
+    return results["tests"][list(outcomes(results)).index(check_id)]["output"]
+
+
+def scores(results: dict) -> dict:
+    return dict(zip(outcomes(results), (t["score"] for t in results["tests"])))
+
+
+def hidden_leaks(results: dict, allowed: str = "") -> list[str]:
+    """Hidden tests that show a digit (a value, a size, a line, a rank), once `allowed` is taken out."""
+    leaks = []
+    for test in results["tests"]:
+        if test["visibility"] != "after_published":
+            continue
+        text = re.sub(r"隐藏测试 \d|Hidden check \d" + (f"|{allowed}" if allowed else ""), "", test["name"] + test["output"])
+        if re.search(r"\d", text) or "进程 0" in text or "行）" in text:
+            leaks.append(test["name"] + ": " + test["output"])
+    return leaks
+
+
+def solution_and_stub(ex: str, tmp_path: Path) -> dict:
+    """The solution .py and the stub .py through `grade` (English), and together through one `batch`."""
+    p = paths(ex)
+    graded = {kind: grade_cli(p[f"{kind}_py"], tmp_path, "--exercise", ex)[0] for kind in ("solution", "release")}
+    folder = tmp_path / "pair"
+    folder.mkdir()
+    shutil.copy(p["solution_py"], folder / "solution.py")
+    shutil.copy(p["release_py"], folder / "stub.py")
+    proc = run_cli("batch", str(folder), "--out", str(tmp_path / "out"), "--exercise", ex, "--jobs", "2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "out" / "grades.csv", newline="", encoding="utf-8") as fh:
+        totals = {row["student"]: row["total"] for row in csv.DictReader(fh)}
+    return {"grade": {k: v["score"] for k, v in graded.items()}, "batch": totals,
+            "grade_results": graded}
+
+
+def notebook_checks(ex: str) -> dict:
+    """`check` on the solution notebook and on the released one (the visible checks, as nbcheck shows them)."""
+    p = paths(ex)
+    return {kind: run_cli("check", str(p[f"{kind}_nb"]), "--exercise", ex, "--lang", "en", timeout=200)
+            for kind in ("solution", "release")}
+
+
+def worker_source(path: Path) -> str:
+    """The run_worker function of a .py file, as a notebook's answer cell holds it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return ast.unparse(next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_worker"))
+
+
+def nbgrader_round_trip(ex: str, tmp_path: Path, answers: dict[str, Path | None], timeout: float = 420) -> dict:
+    """generate_assignment in a temporary course (checked equal to the committed release), each student's
+    notebook (the release with `answers[student]`'s run_worker in the answer cell; None: left as released)
+    through autograde in a real kernel: {student: {grade_id: (score, max_score)}}."""
+    from nbgrader.api import Gradebook
+    from test_nbgrader_e2e import cell, nbgrader, release_in
+    course = tmp_path / "course"
+    generated = release_in(course, ex)
+    for student, answer in answers.items():
+        nb = nbformat.read(generated, as_version=4)
+        if answer is not None:
+            cell(nb, "run_worker").source = worker_source(answer)
+        dest = course / "submitted" / student / ex / f"{ex}.ipynb"
+        dest.parent.mkdir(parents=True)
+        nbformat.write(nb, dest)
+    nbgrader(course, "autograde", ex, timeout=timeout)
+    out = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for student in answers:
+            sub = gb.find_submission_notebook(ex, ex, student)
+            out[student] = {g.name: (g.score, g.max_score) for g in sub.grades}
+    return out
+
+
+def diagnose(exercise, quantity: str, values, ws: int, rank: int, calls=(), outcome: str = "wrong",
+             dtype: str = "torch.float32", error=None) -> list[str]:
+    """The exercise's own causes for synthetic values (no processes)."""
+    import numpy as np
+    from grader.verify.observe import Value
+    data = np.asarray(values, dtype=float).reshape(-1)
+    value = Value("tensor", True, "Tensor", dtype, [int(data.size)], data)
+    context = {"calls": list(calls), "value": value, "outcome": outcome, "error": error, "returned": error is None}
+    return [key for key, _ in exercise.diagnose(quantity, data, ws, rank, context)]
+
+
+def notebook_matches_solution(ex: str, given_names: tuple[str, ...]) -> None:
+    """The notebook's given cell and answer cell hold the .py solution's functions; its grade cells are the
+    exercise's checks in order, with their points; hidden ones inside the hidden block."""
+    from grader.exercise import registry
+    exercise = registry.get(ex)
+    p = paths(ex)
+    cells = nbformat.read(p["solution_nb"], as_version=4).cells
+    by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in cells if c.metadata.get("nbgrader")}
+    ours = {n.name: ast.dump(n) for n in ast.parse(p["solution_py"].read_text(encoding="utf-8")).body
+            if isinstance(n, ast.FunctionDef)}
+    for grade_id, names in (("run_worker", ("run_worker",)), ("given", given_names)):
+        theirs = {n.name: ast.dump(n) for n in ast.parse(by_id[grade_id].source).body if isinstance(n, ast.FunctionDef)}
+        assert {n: theirs[n] for n in names} == {n: ours[n] for n in names}, grade_id
+    assert by_id["run_worker"].metadata.nbgrader["solution"] and by_id["given"].metadata.nbgrader["locked"]
+    graded = [c for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert [c.metadata.nbgrader.grade_id for c in graded] == ["test_" + c.id.replace(".", "_") for c in exercise.checks]
+    for cell, check in zip(graded, exercise.checks):
+        assert cell.metadata.nbgrader["points"] == check.points
+        assert f'nbcheck.check("{check.id}", "{ex}")' in cell.source
+        assert ("### BEGIN HIDDEN TESTS" in cell.source) == check.hidden
+    assert sum(c.points for c in exercise.checks) == 100
+    assert any(f'nbcheck.report("{ex}")' in c.source for c in cells)
+    released = p["release_nb"].read_text(encoding="utf-8")
+    for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", *(f'check(\\"{c.id}\\"' for c in exercise.checks if c.hidden)):
+        assert secret not in released, secret
+
+
+def messages_are_bilingual_and_hidden_safe(ex: str, allowed: str = "") -> None:
+    from grader.exercise import registry
+    from grader.feedback.messages import CATALOG
+    from grader.feedback.render import hidden_safe
+    exercise = registry.get(ex)
+    for key, (zh, en) in exercise.messages.items():
+        assert CATALOG[f"{ex}.{key}"] == (zh, en)
+        assert CJK.search(zh) and en.isascii(), key
+        assert set(re.findall(r"\{(\w+)", zh)) == set(re.findall(r"\{(\w+)", en)), key
+        if key.startswith("cause."):   # hidden checks show them: names only, no numbers
+            assert hidden_safe(f"{ex}.{key}"), key
+            assert zh.startswith("原因：") and en.startswith("Cause: "), key
+            text = re.sub(allowed, "", zh + en) if allowed else zh + en
+            assert not re.search(r"\d", text), key

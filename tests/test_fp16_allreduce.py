@@ -1,0 +1,265 @@
+"""The fifth exercise, fp16_allreduce (solutions/fp16_allreduce/), through its entry points.
+
+Each fixture folder under tests/fixtures/fp16_allreduce/ is graded by ONE `batch` call: the honest styles
+(float16 and bfloat16 by hand, DDP's fp16_compress_hook, a bfloat16 hook of one's own, functional
+collectives, async) score 100; each mistake gets its exact score, outcomes and causes (Chinese, and a
+sample in English); each cheat scores 0 on what it fakes. A float32 all-reduce is right (the value checks
+pass: the answer is within float16's tolerance either way) and is told apart by the volume check alone.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import exercise_suite as suite
+from conftest import FIXTURES, ROOT, run_cli
+from grader.exercise import registry
+from grader.feedback.messages import render
+from grader.integrations import release
+from grader.verify.diagnose import all_close
+
+EX = "fp16_allreduce"
+FIX = FIXTURES / EX
+WS, HIDDEN_WS = (2, 3, 4), (3, 4)
+EXERCISE = registry.get(EX)
+_spec = importlib.util.spec_from_file_location("fp16_exercise", ROOT / "solutions" / EX / "exercise.py")
+DECL = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(DECL)
+ALLOWED = r"b?float(16|32)|1e-4|2\^-10|在 1 附近|near 1"   # dtype names and the causes' own fixed figures, no value of a run
+
+
+def every(kind: str, outcome: str, sizes=WS) -> dict:
+    return {f"ws{ws}.{kind}": outcome for ws in sizes}
+
+
+def own(key: str) -> str:
+    return f"{EX}.{key}"
+
+
+VOLUME = {"volume": ["cause.volume_dtype", "cause.volume_bytes"]}
+WRONG_ALL = {**every("grad", "wrong"), **every("weights", "wrong"), **every("volume", "wrong")}
+MISTAKES = {
+    # right numbers, not compressed: the value points, not the volume's
+    "m01_float32_all_reduce": (70, every("volume", "wrong"), VOLUME),
+    "m02_cast_after_the_all_reduce": (70, every("volume", "wrong"), VOLUME),
+    # the chapter's warning: the weights in float16 lose the update
+    "m03_weights_in_float16": (70, every("weights", "wrong"), {"weights": [own("cause.weights_in_half")]}),
+    "m04_update_in_float16_cast_back": (70, every("weights", "wrong"), {"weights": [own("cause.weights_in_half")]}),
+    "m05_not_divided": (10, WRONG_ALL, {"grad": [own("cause.not_divided")], "weights": [own("cause.not_divided")],
+                                        "volume": ["cause.kind_needs_value"]}),
+    "m06_divided_twice": (10, WRONG_ALL, {"grad": [own("cause.divided_twice")], "weights": [own("cause.divided_twice")],
+                                          "volume": ["cause.kind_needs_value"]}),
+    "m07_step_before_the_sync": (70, every("weights", "wrong"), {"weights": [own("cause.local_gradient")]}),
+    "m08_step_on_a_copy": (70, every("weights", "wrong"), {"weights": [own("cause.no_update")]}),
+}
+# the quantities each cheat fakes (the volume check counts for a right gradient only)
+CHEATS = {"c01_local_answer_dummy_half_all_reduce": ("grad", "weights"), "c02_launder_the_mean": ("grad", "weights"),
+          "c03_rank0_contributes_for_all": ("grad", "weights"), "c04_honest_grad_local_weights": ("weights",)}
+HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    return suite.batch(EX, "honest", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory):
+    return suite.batch(EX, "mistakes", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def cheats(tmp_path_factory):
+    return suite.batch(EX, "cheats", tmp_path_factory)
+
+
+def test_enough_fixtures_of_each_kind():
+    assert len(HONEST) >= 5 and len(MISTAKES) >= 6 and len(CHEATS) >= 3
+    assert sorted(p.stem for p in (FIX / "mistakes").glob("*.py")) == sorted(MISTAKES)
+    assert sorted(p.stem for p in (FIX / "cheats").glob("*.py")) == sorted(CHEATS)
+
+
+# -- the fixtures, one batch per folder --------------------------------------------------------------
+
+@pytest.mark.timeout(500)
+def test_honest_styles_score_100(honest):
+    for name, results in honest.items():
+        assert results["score"] == 100 and suite.failing(results) == {}, (name, suite.failing(results))
+    texts = {name: (FIX / "honest" / f"{name}.py").read_text(encoding="utf-8") for name in HONEST}
+    assert any("torch.bfloat16" in t for t in texts.values()) and any(".half()" in t for t in texts.values())
+    assert any("default_hooks.fp16_compress_hook" in t for t in texts.values())
+    assert any("funcol.all_reduce" in t for t in texts.values())
+    assert not any("autocast" in t for t in texts.values())   # manual casts: autocast changes no communication
+    passed = suite.output_of(honest["h01_half_then_divide"], "ws2.volume")
+    assert render("pass.volume", {"op": "all_reduce", "allowed": list(DECL.HALF), "sent": 256, "bound": 256}, "zh") in passed
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("name", list(MISTAKES))
+def test_mistake_scores_and_names_its_cause(mistakes, name):
+    score, failing, causes = MISTAKES[name]
+    results = mistakes[name]
+    assert results["score"] == score and suite.failing(results) == failing, suite.failing(results)
+    for check_id in failing:
+        wanted = set(causes[check_id.split(".", 1)[1]])
+        found = suite.named(results, check_id)
+        assert wanted <= found, (check_id, found)
+        assert {k for k in found if k.startswith(EX + ".")} == {k for k in wanted if k.startswith(EX + ".")}
+        text = suite.output_of(results, check_id)
+        for key in wanted:
+            if key.startswith(EX + "."):
+                assert render(key, {}, "zh") in text, (check_id, text)
+        assert "Traceback" not in text
+        # a float16 contribution is the rank's own data: no "did not send its own data" for it
+        assert "cause.contribution" not in found and "cause.contribution_hidden" not in found
+
+
+@pytest.mark.timeout(500)
+def test_the_volume_names_the_dtype_and_the_bytes(mistakes):
+    results = mistakes["m01_float32_all_reduce"]
+    visible = suite.output_of(results, "ws2.volume")
+    assert "传送的是 torch.float32（每个元素 4 字节）：这里要求 torch.float16、torch.bfloat16（每个元素 2 字节），通信量才能减半。" in visible
+    assert render("cause.volume_bytes", {"rank": 0, "op": "all_reduce", "sent": 512, "bound": 256, "count": 1}, "zh") in visible
+    assert "  进程 1：1 次 all_reduce，共 512 字节（torch.float32）" in visible
+    for ws in HIDDEN_WS:
+        hidden = suite.output_of(results, f"ws{ws}.volume")
+        assert render("cause.volume_dtype_generic", {"op": "all_reduce"}, "zh") in hidden and "float32" not in hidden
+
+
+@pytest.mark.timeout(200)
+def test_mistakes_in_english(tmp_path):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    for name in ("m01_float32_all_reduce", "m03_weights_in_float16"):
+        shutil.copy(FIX / "mistakes" / f"{name}.py", folder)
+    proc = run_cli("batch", str(folder), "--out", str(tmp_path / "out"), "--exercise", EX, "--lang", "en", timeout=190)
+    assert proc.returncode == 0, proc.stderr
+    results = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in (tmp_path / "out").glob("m0*.json")}
+    assert "carried torch.float32 (4 bytes an element): this asks for torch.float16, torch.bfloat16 (2 bytes an element)" \
+        in suite.output_of(results["m01_float32_all_reduce"], "ws2.volume")
+    weights = suite.output_of(results["m03_weights_in_float16"], "ws4.weights")
+    assert render(own("cause.weights_in_half"), {}, "en") in weights and "below float16's resolution near 1" in weights
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("name", list(CHEATS))
+def test_cheat_scores_0_on_what_it_fakes(cheats, name):
+    results = cheats[name]
+    faked = {f"ws{ws}.{q}" for ws in WS for q in CHEATS[name]}
+    assert {k: v for k, v in suite.failing(results).items() if not k.endswith(".volume")} == \
+        {k: "not_collective" for k in faked}
+    assert all(suite.scores(results)[k] == 0 for k in faked)
+    volume_lost = "grad" in CHEATS[name]   # beside a faked gradient the volume earns nothing either
+    assert all((suite.outcomes(results)[f"ws{ws}.volume"] == "wrong") == volume_lost for ws in WS)
+    assert results["score"] == 100 - 10 * len(faked) - (30 if volume_lost else 0)
+
+
+@pytest.mark.timeout(500)
+def test_hidden_checks_reveal_no_values(honest, mistakes, cheats):
+    for group in (honest, mistakes, cheats):
+        for name, results in group.items():
+            assert suite.hidden_leaks(results, ALLOWED) == [], name
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_list_names_the_exercise():
+    proc = run_cli("list", "--lang", "en")
+    assert ("  fp16_allreduce: Mixed-precision communication: all-reduce in float16, update the weights in float32 "
+            "(100 points; visible world sizes 2)") in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_check_in_chinese_infers_the_exercise_and_shows_the_bytes(tmp_path):
+    path = tmp_path / f"{EX}.py"
+    shutil.copy(FIX / "mistakes" / "m01_float32_all_reduce.py", path)
+    proc = run_cli("check", str(path), "--lang", "zh")
+    assert proc.returncode == 1 and proc.stdout.startswith(f"== {EX}.py: 得分：30 / 40 =="), proc.stdout
+    assert "  进程 0：all_reduce 发送了 512 字节（torch.float32）；同样的元素用 float32 是 512 字节。" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_solution_100_and_stub_0_through_grade_and_batch(tmp_path):
+    got = suite.solution_and_stub(EX, tmp_path)
+    assert got["grade"] == {"solution": 100, "release": 0}
+    assert got["batch"] == {"solution": "100", "stub": "0"}
+
+
+@pytest.mark.timeout(300)
+def test_solution_100_and_stub_0_through_the_notebook_check():
+    got = suite.notebook_checks(EX)
+    assert got["solution"].returncode == 0 and "Score: 40 / 40" in got["solution"].stdout, got["solution"].stdout
+    assert "rank 1: all_reduce sent 256 bytes (torch.float16); the same elements in float32 are 512 bytes." in got["solution"].stdout
+    assert got["release"].returncode == 1 and "Score: 0 / 40" in got["release"].stdout
+
+
+@pytest.mark.timeout(500)
+def test_nbgrader_round_trip(tmp_path):
+    cells = suite.nbgrader_round_trip(EX, tmp_path, {"sol": suite.paths(EX)["solution_py"], "stub": None})
+    assert {s: sum(score for score, _ in g.values()) for s, g in cells.items()} == {"sol": 100, "stub": 0}
+    assert {s: sum(top for _, top in g.values()) for s, g in cells.items()} == {"sol": 100, "stub": 100}
+
+
+# -- the release, the notebook, the words --------------------------------------------------------------
+
+def test_student_versions_are_generated_from_the_solution():
+    p = suite.paths(EX)
+    assert p["release_py"].read_text(encoding="utf-8") == release.clear_solutions(p["solution_py"].read_text(encoding="utf-8"))
+    stub = p["release_py"].read_text(encoding="utf-8")
+    assert "TODO 1: half = model.weight.grad.half()" in stub and "grad = half.float() / world_size" not in stub
+
+
+def test_notebook_cells_are_the_py_solution_and_the_rubric():
+    suite.notebook_matches_solution(EX, ("make_model", "batch", "loss_fn"))
+
+
+def test_exercise_messages_are_bilingual_and_hidden_safe():
+    suite.messages_are_bilingual_and_hidden_safe(EX, ALLOWED)
+
+
+# -- the declaration's own pieces, without processes --------------------------------------------------
+
+def test_the_data_makes_float16_and_float32_answers_alike_to_the_value_check():
+    """The float16 answer is not exact (it differs from the float32 mean everywhere) but is within float16's
+    tolerance; the weights updated in float32 from it stay within float32's; in float16 they do not."""
+    for ws in WS:
+        mean = DECL.mean_gradient(ws)
+        half = np.sum([DECL.gradient(q).astype(np.float16) for q in range(ws)], axis=0).astype(np.float64) / ws
+        assert np.all(half != mean) and all_close(half, mean, "torch.float16") and not all_close(half, mean, "torch.float32")
+        start = DECL.initial_weights().reshape(-1)
+        assert all_close(start - DECL.LR * half, DECL.expected_weights(0, ws), "torch.float32")
+        in_half = (start.astype(np.float16) - (DECL.LR * half).astype(np.float16)).astype(np.float64)
+        assert not all_close(in_half, DECL.expected_weights(0, ws), "torch.float32")
+
+
+def test_the_numpy_data_is_what_torch_computes():
+    import torch.nn.functional as F
+    namespace: dict = {}
+    exec(compile(suite.paths(EX)["release_py"].read_text(encoding="utf-8"), "stub", "exec"), namespace)
+    for rank in range(4):
+        model = namespace["make_model"]()
+        x, y = namespace["batch"](rank)
+        F.mse_loss(model(x), y).backward()
+        assert np.allclose(model.weight.grad.double().numpy().reshape(-1), DECL.gradient(rank), rtol=1e-5, atol=1e-7)
+    assert np.allclose(namespace["make_model"]().weight.detach().double().numpy(), DECL.initial_weights(), rtol=2e-7, atol=0)
+
+
+def test_diagnosis_names_each_mistake_from_its_values():
+    for ws in WS:
+        mean, start = DECL.mean_gradient(ws), DECL.initial_weights().reshape(-1)
+        assert suite.diagnose(EXERCISE, "grad", mean, ws, 1) == []
+        assert suite.diagnose(EXERCISE, "weights", DECL.expected_weights(1, ws), ws, 1) == []
+        assert suite.diagnose(EXERCISE, "grad", ws * mean, ws, 1) == ["cause.not_divided"]
+        assert suite.diagnose(EXERCISE, "grad", mean / ws, ws, 1) == ["cause.divided_twice"]
+        assert suite.diagnose(EXERCISE, "weights", start - DECL.LR * ws * mean, ws, 1) == ["cause.not_divided"]
+        assert suite.diagnose(EXERCISE, "weights", start - DECL.LR * DECL.gradient(1), ws, 1) == ["cause.local_gradient"]
+        assert suite.diagnose(EXERCISE, "weights", start, ws, 1) == ["cause.no_update"]
+        half = (start.astype(np.float16) - (DECL.LR * mean).astype(np.float16)).astype(np.float64)
+        assert suite.diagnose(EXERCISE, "weights", half, ws, 1) == ["cause.weights_in_half"]
+        assert suite.diagnose(EXERCISE, "weights", DECL.expected_weights(1, ws), ws, 1, dtype="torch.float16") == [
+            "cause.weights_in_half"]
