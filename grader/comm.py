@@ -161,12 +161,13 @@ API_NAMES: dict[str, str] = {
 METHOD_SUFFIXES: dict[str, str] = {name: m.op for name, m in METHODS.items()}
 
 # Modules whose first use imports much more (functional collectives, torch.compile, an optimizer's
-# first step() and DDP's first forward go through torch._dynamo, ~800 modules): the zygote imports these
-# too before forking ranks that name them.
+# first step(), DDP's first forward and a Python dispatch mode's first operation go through torch._dynamo,
+# ~800 modules, 1.2 CPU-s in every rank): the zygote imports these too before forking ranks that name them.
 PRELOAD_WITH = {
     "torch.distributed._functional_collectives": ("torch._dynamo",),
     "torch.optim": ("torch._dynamo",),
     "torch.nn.parallel": ("torch._dynamo",),
     "torch.compile": ("torch._dynamo", "torch._inductor.compile_fx"),
     "torch.distributed.tensor": ("torch._dynamo",),
+    "torch.utils._python_dispatch": ("torch._dynamo",),
 }

@@ -55,10 +55,16 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     if real_backend is None:   # NCCL asked for, too few GPUs: no real-backend run (api.py says so)
         real_at = None
 
+    # torch.compile compiles C++ in every rank of every run (seconds of CPU each): one run at a time, or the
+    # runs of one grading would share the cores past their time limits, and each with four times the limits
+    # (a run's ranks still compile at once, beside whatever else the machine grades)
+    compiles = any(m.startswith(("torch._inductor", "torch.compile")) for m in preload)
+    parallel = 1 if compiles else None
+
     def request(ws: int, perturb: tuple, label: str, mode: str = "switch") -> RunRequest:
         return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
                           entry=exercise.entry, quantities=names, perturb=perturb, label=label, preload=preload,
-                          mode=mode, backend=real_backend if mode == "real" else "gloo",
+                          mode=mode, backend=real_backend if mode == "real" else "gloo", time_scale=4.0 if compiles else 1.0,
                           cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
                           files=dict(getattr(submission, "files", None) or {}))
 
@@ -72,9 +78,6 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     if speculative:
         first.append(request(real_at, (), "real", "real"))
     runs = {ws: WorldSizeRuns(ws) for ws in world_sizes}
-    # torch.compile compiles C++ in every rank of every run (seconds of CPU each): one run at a time, or the
-    # runs of one grading would share the cores past their time limits
-    parallel = 1 if any(m.startswith(("torch._inductor", "torch.compile")) for m in preload) else None
 
     def watch(index: int, outcome):
         """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed."""

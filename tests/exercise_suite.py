@@ -1,7 +1,8 @@
 """What every exercise's test file does through the real entry points (tests/test_grad_accum_no_sync.py,
 tests/test_fp16_allreduce.py, tests/test_hierarchical_allreduce.py): one `batch` call per fixture folder,
-the feedback as a student reads it, the solution and the stub through `grade`, `batch`, the notebook check
-and nbgrader. Not collected by pytest (no test_ prefix); the assertions live in the callers.
+the feedback as a student reads it, the solution and the stub through `grade`, `batch` and the notebook
+check (nbgrader: tests/test_nbgrader_e2e.py, one course for every exercise). Not collected by pytest (no
+test_ prefix); the assertions live in the callers.
 """
 from __future__ import annotations
 
@@ -96,30 +97,6 @@ def worker_source(path: Path) -> str:
     """The run_worker function of a .py file, as a notebook's answer cell holds it."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return ast.unparse(next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_worker"))
-
-
-def nbgrader_round_trip(ex: str, tmp_path: Path, answers: dict[str, Path | None], timeout: float = 420) -> dict:
-    """generate_assignment in a temporary course (checked equal to the committed release), each student's
-    notebook (the release with `answers[student]`'s run_worker in the answer cell; None: left as released)
-    through autograde in a real kernel: {student: {grade_id: (score, max_score)}}."""
-    from nbgrader.api import Gradebook
-    from test_nbgrader_e2e import cell, nbgrader, release_in
-    course = tmp_path / "course"
-    generated = release_in(course, ex)
-    for student, answer in answers.items():
-        nb = nbformat.read(generated, as_version=4)
-        if answer is not None:
-            cell(nb, "run_worker").source = worker_source(answer)
-        dest = course / "submitted" / student / ex / f"{ex}.ipynb"
-        dest.parent.mkdir(parents=True)
-        nbformat.write(nb, dest)
-    nbgrader(course, "autograde", ex, timeout=timeout)
-    out = {}
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        for student in answers:
-            sub = gb.find_submission_notebook(ex, ex, student)
-            out[student] = {g.name: (g.score, g.max_score) for g in sub.grades}
-    return out
 
 
 def diagnose(exercise, quantity: str, values, ws: int, rank: int, calls=(), outcome: str = "wrong",

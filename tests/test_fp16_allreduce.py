@@ -198,13 +198,6 @@ def test_solution_100_and_stub_0_through_the_notebook_check():
     assert got["release"].returncode == 1 and "Score: 0 / 40" in got["release"].stdout
 
 
-@pytest.mark.timeout(500)
-def test_nbgrader_round_trip(tmp_path):
-    cells = suite.nbgrader_round_trip(EX, tmp_path, {"sol": suite.paths(EX)["solution_py"], "stub": None})
-    assert {s: sum(score for score, _ in g.values()) for s, g in cells.items()} == {"sol": 100, "stub": 0}
-    assert {s: sum(top for _, top in g.values()) for s, g in cells.items()} == {"sol": 100, "stub": 100}
-
-
 # -- the release, the notebook, the words --------------------------------------------------------------
 
 def test_student_versions_are_generated_from_the_solution():

@@ -375,6 +375,15 @@ def test_solution_scores_100_and_teaches_the_ring_volumes(grade):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(240)
+def test_torch_compile_in_the_ranks_scores_every_visible_point():
+    """torch.compile (inductor) for the local arithmetic: each rank compiles in its own /tmp, whose file
+    lock inductor takes while it checks the C++ toolchain. Through `check` (the visible world size, switch and
+    real backend): every rank compiles afresh, so the hidden world sizes would only cost more of the same."""
+    proc = run_cli("check", str(FIXTURES / "compile" / "h50_torch_compile.py"), "--lang", "en", timeout=220)
+    assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_check_runs_only_visible_checks_and_sets_the_exit_code():
     proc = run_cli("check", str(FIXTURES / "mistakes" / "m08_hardcoded_world_size.py"), "--lang", "en")
     assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout  # hard-coded 2 passes what students see

@@ -1,6 +1,8 @@
-"""End to end with the real tools, in a temporary course folder: nbgrader generate_assignment, a real
-kernel (nbclient) running the release notebook, and a class of four through zip_collect, autograde,
-generate_feedback and export.
+"""End to end with the real tools, in ONE temporary course folder holding every exercise: nbgrader
+generate_assignment (all of them at once, each equal to the committed release), a real kernel (nbclient)
+running the release notebook, and one autograde over every assignment: each exercise's solution and its
+untouched release, a few partial answers, and a class of four that comes through zip_collect; then
+generate_feedback and export once.
 
 Every nbgrader command runs as a child process in its own session, killed by process group when it
 overruns; kernels run the venv's python (jupyter_client turns the `python3` kernelspec's `python` into
@@ -8,9 +10,11 @@ sys.executable), with this checkout on PYTHONPATH.
 """
 from __future__ import annotations
 
+import ast
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,23 +69,30 @@ def nbgrader(course: Path, *args: str, timeout: float = 120) -> str:
     return out
 
 
-def release_in(root: Path, exercise: str) -> Path:
-    """A course folder at `root`: this repository's nbgrader_config.py and the exercise's solutions/ folder,
-    then generate_assignment. Returns the generated notebook, checked equal to the committed release."""
+EXERCISES = sorted(p.parent.name for p in (ROOT / "solutions").glob("*/exercise.py"))
+
+
+def release_in(root: Path, *exercises: str) -> dict[str, Path]:
+    """A course folder at `root`: this repository's nbgrader_config.py and the exercises' solutions/
+    folders, then ONE generate_assignment over them all. {exercise: generated notebook}, each checked equal
+    to the committed release."""
     root.mkdir(exist_ok=True)
     shutil.copy(ROOT / "nbgrader_config.py", root)
-    shutil.copytree(ROOT / "solutions" / exercise, root / "solutions" / exercise)
-    nbgrader(root, "generate_assignment", exercise)
-    generated = root / "assignments" / exercise / f"{exercise}.ipynb"
-    committed = ROOT / "assignments" / exercise / f"{exercise}.ipynb"
-    assert json.loads(generated.read_text(encoding="utf-8")) == json.loads(committed.read_text(encoding="utf-8"))
+    for exercise in exercises:
+        shutil.copytree(ROOT / "solutions" / exercise, root / "solutions" / exercise)
+    nbgrader(root, "generate_assignment", exercises[0] if len(exercises) == 1 else "*")
+    generated = {}
+    for exercise in exercises:
+        generated[exercise] = root / "assignments" / exercise / f"{exercise}.ipynb"
+        committed = ROOT / "assignments" / exercise / f"{exercise}.ipynb"
+        assert json.loads(generated[exercise].read_text(encoding="utf-8")) == json.loads(committed.read_text(encoding="utf-8")), exercise
     return generated
 
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("course")
-    release_in(root, A)
+    release_in(root, *EXERCISES)
     return root
 
 
@@ -118,9 +129,11 @@ def text_of(c) -> str:
 
 @pytest.mark.timeout(180)
 def test_committed_release_is_what_generate_assignment_makes(course):
-    generated = course / "assignments" / A / f"{A}.ipynb"   # checked equal to RELEASE by release_in
-    # the .py solution next to the source notebook is not copied into the release (answer included)
-    assert sorted(p.name for p in generated.parent.iterdir()) == [f"{A}.ipynb"]
+    # each generated notebook is checked equal to the committed one by release_in; the .py solution next
+    # to the source notebook is not copied into the release (answer included)
+    for exercise in EXERCISES:
+        released = course / "assignments" / exercise
+        assert sorted(p.name for p in released.iterdir()) == [f"{exercise}.ipynb"], exercise
 
 
 @pytest.mark.timeout(180)
@@ -172,15 +185,16 @@ print("mp.spawn failed:", failure, log.read().decode(errors="replace")[-400:])
 """
 
 
-def changed_checksums(log: str) -> dict[str, set[str]]:
-    """student -> the cells autograde reported with a changed checksum (it sanitizes one student at a time)."""
-    found: dict[str, set[str]] = {}
-    student = None
+def changed_checksums(log: str) -> dict[tuple[str, str], set[str]]:
+    """(student, assignment) -> the cells autograde reported with a changed checksum (it sanitizes one
+    notebook at a time)."""
+    found: dict[tuple[str, str], set[str]] = {}
+    where = None
     for line in log.splitlines():
         if "Sanitizing " in line:
-            student = Path(line.split("Sanitizing ", 1)[1].strip()).parts[-3]
+            where = tuple(Path(line.split("Sanitizing ", 1)[1].strip()).parts[-3:-1])
         elif "Attribute 'checksum' for cell " in line:
-            found.setdefault(student, set()).add(line.split("for cell ", 1)[1].split()[0])
+            found.setdefault(where, set()).add(line.split("for cell ", 1)[1].split()[0])
     return found
 
 
@@ -194,8 +208,35 @@ def tamper(nb) -> None:
     nb.cells.remove(cell(nb, "test_ws4_all_reduce"))
 
 
-@pytest.mark.timeout(420)
-def test_class_through_zip_collect_autograde_feedback_export(course):
+def answer_cell(nb):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+
+
+def solution_answer(exercise: str) -> str:
+    """The solution notebook's answer cell as a student would type it (nbgrader's markers taken out)."""
+    nb = nbformat.read(ROOT / "solutions" / exercise / f"{exercise}.ipynb", as_version=4)
+    return "\n".join(line for line in answer_cell(nb).source.splitlines()
+                     if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+
+
+def same_code(a: str, b: str) -> bool:
+    """The same statements, docstrings and comments aside."""
+    def code(source):
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                node.body = body[1:]
+        return ast.dump(tree)
+    return code(a) == code(b)
+
+
+@pytest.fixture(scope="module")
+def autograded(course):
+    """ONE autograde over every assignment of the course, then generate_feedback and export: (course,
+    autograde's log, {(student, assignment): {grade cell: (score, max_score)}}, {(student, assignment):
+    export's row})."""
     archive = course / "downloaded" / A / "archive"
     archive.mkdir(parents=True)
     with zipfile.ZipFile(archive / "lms-download.zip", "w") as zf:
@@ -204,28 +245,59 @@ def test_class_through_zip_collect_autograde_feedback_export(course):
             if student == "dave":
                 tamper(nb)
             zf.writestr(f"{student}_{A}.ipynb", nbformat.writes(nb))
-
     nbgrader(course, "zip_collect", A)
     for student in EXPECTED:
         assert (course / "submitted" / student / A / f"{A}.ipynb").is_file()
-    log = nbgrader(course, "autograde", A, timeout=360)
+
+    # alice's answer is dist_primitives' solution: she stands for it
+    answers = {**{("sol", ex): solution_answer(ex) for ex in EXERCISES if ex != A}, **{("stub", ex): None for ex in EXERCISES}}
+    for (student, ex), answer in answers.items():
+        nb = nbformat.read(ROOT / "assignments" / ex / f"{ex}.ipynb", as_version=4)
+        if answer is not None:
+            answer_cell(nb).source = answer
+        dest = course / "submitted" / student / ex / f"{ex}.ipynb"
+        dest.parent.mkdir(parents=True)
+        nbformat.write(nb, dest)
+
+    log = nbgrader(course, "autograde", "*", timeout=560)
+    nbgrader(course, "generate_feedback", "*")
+    nbgrader(course, "export")
+    with open(course / "grades.csv", newline="") as fh:
+        rows = {(row["student_id"], row["assignment"]): row for row in csv.DictReader(fh)}
+    cells = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        for student, ex in [*answers, *((s, A) for s in EXPECTED)]:
+            sub = gb.find_submission_notebook(ex, ex, student)
+            cells[student, ex] = {g.name: (g.score, g.max_score) for g in sub.grades}
+    return course, log, cells, rows
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("exercise", EXERCISES)
+def test_every_solution_100_and_every_untouched_release_0_through_autograde(autograded, exercise):
+    course, log, cells, rows = autograded
+    sol = "alice" if exercise == A else "sol"
+    assert same_code(solution_answer(A), (CLASS / "alice.py").read_text(encoding="utf-8"))
+    assert {s: float(rows[s, exercise]["score"]) for s in (sol, "stub")} == {sol: 100.0, "stub": 0.0}
+    assert {float(rows[s, exercise]["max_score"]) for s in (sol, "stub")} == {100.0}
+    # every grade cell (one per check, hidden ones included) in full for the solution, none for the stub
+    assert len(cells[sol, exercise]) == len(registry.get(exercise).checks)
+    assert {score == top for score, top in cells[sol, exercise].values()} == {True}
+    assert {score for score, _ in cells["stub", exercise].values()} == {0}
+    # an untouched release (its hidden cells included) and an honest answer: autograde warns of nothing
+    assert ("stub", exercise) not in changed_checksums(log) and (sol, exercise) not in changed_checksums(log)
+
+
+@pytest.mark.timeout(600)
+def test_class_through_zip_collect_autograde_feedback_export(autograded):
+    course, log, cells, rows = autograded
     # An untouched test cell is restored without a tampering alarm, hidden ones included (nbgrader alone
     # warns "Attribute 'checksum' ... has changed!" for every hidden cell: grader/integrations/nbhidden.py);
-    # dave's edited and blanked cells are still reported.
-    assert changed_checksums(log) == {"dave": {"test_ws2_all_reduce", "test_ws3_all_reduce"}}, log
-    nbgrader(course, "generate_feedback", A)
-    nbgrader(course, "export")
-
-    with open(course / "grades.csv", newline="") as fh:
-        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
-    assert {s: float(rows[s]["score"]) for s in EXPECTED} == EXPECTED
-    assert {float(rows[s]["max_score"]) for s in EXPECTED} == {100.0}
-
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        def cells_of(student):
-            sub = gb.find_submission_notebook(A, A, student)
-            return {g.name: (g.score, g.max_score) for g in sub.grades}
-        dave, bob, carol = cells_of("dave"), cells_of("bob"), cells_of("carol")
+    # dave's edited and blanked cells are still reported, and nobody else's in any assignment.
+    assert changed_checksums(log) == {("dave", A): {"test_ws2_all_reduce", "test_ws3_all_reduce"}}, log
+    assert {s: float(rows[s, A]["score"]) for s in EXPECTED} == EXPECTED
+    assert {float(rows[s, A]["max_score"]) for s in EXPECTED} == {100.0}
+    dave, bob, carol = cells["dave", A], cells["bob", A], cells["carol", A]
     # tampering gained nothing: the edited, blanked and deleted cells were restored, run and scored 0 of 15
     for name in ("test_ws2_all_reduce", "test_ws3_all_reduce", "test_ws4_all_reduce"):
         assert dave[name] == (0, 15), (name, dave)
@@ -257,3 +329,31 @@ def test_class_through_zip_collect_autograde_feedback_export(course):
     assert "Your code raised an exception in this test" in bob_html
     dave_html = (course / "feedback" / "dave" / A / f"{A}.html").read_text(encoding="utf-8")
     assert "world_size times the mean" in dave_html  # the visible check explains the mistake
+
+
+@pytest.mark.timeout(600)
+def test_reports_bench_and_feedback_of_the_solutions_through_autograde(autograded):
+    """The report cell, the ring's inline bench cell and the feedback of the solution notebooks: the ring's
+    bound and the ZeRO lines in the student's own run; no hidden check's id in any feedback."""
+    course, log, cells, rows = autograded
+
+    def autograded_nb(ex):
+        sol = "alice" if ex == A else "sol"
+        return nbformat.read(course / "autograded" / sol / ex / f"{ex}.ipynb", as_version=4)
+
+    def report_of(ex):
+        return text_of(next(c for c in autograded_nb(ex).cells if f'nbcheck.report("{ex}")' in c.source))
+
+    ring = report_of("ring_allreduce")
+    assert "Score: 40 / 40" in ring and "ring bound (2 ranks, S = 1031 elements)" in ring, ring
+    bench = next(c for c in autograded_nb("ring_allreduce").cells if 'bench.notebook("ring_allreduce")' in c.source)
+    assert "Not timed while autograding" in text_of(bench)   # a class's autograde spends nothing on timing
+    zero = report_of("zero_sharded_step")
+    assert "ZeRO" in zero and "1030" in zero, zero
+    for ex in EXERCISES:
+        assert re.search(r"Score: (\d+) / \1\b", report_of(ex)), (ex, report_of(ex))   # every visible point
+        for student in ("alice" if ex == A else "sol", "stub"):
+            html = (course / "feedback" / student / ex / f"{ex}.html").read_text(encoding="utf-8")
+            assert "HIDDEN TESTS" not in html
+            leaked = [c.id for c in registry.get(ex).checks if c.hidden and c.id in html]
+            assert leaked == [], (ex, student)   # no hidden check's id (nor its code)

@@ -2,7 +2,7 @@
 
 Fixtures under tests/fixtures/ring_allreduce/ are graded with ONE `batch` call per folder (honest, mistakes,
 cheats); the tests assert on the results.json files it writes. Also: `list`, `check`, the release, the
-notebook check and the nbgrader round trip (helpers of test_nbgrader_e2e), `gradescope-zip`, and `bench`.
+notebook check, `gradescope-zip`, and `bench` (nbgrader: tests/test_nbgrader_e2e.py, one course for every exercise).
 """
 from __future__ import annotations
 
@@ -260,41 +260,6 @@ def test_bench_times_the_ring_against_all_reduce(tmp_path):
         assert float(ms) > 0
         assert abs(float(busbw) - float(algbw) * 2 * (n - 1) / n) <= 0.0015 + 0.01 * float(busbw)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.mark.timeout(480)
-def test_nbgrader_round_trip(tmp_path):
-    """generate_assignment (the committed release), a real kernel per student through autograde, feedback
-    and export: the report, the inline bench plot and the grade cells of the ring notebook. One honest
-    student: partial credit through nbgrader is the zero notebook's round trip, and m05's hidden-check
-    wording is test_mistakes_score_and_name_their_cause's."""
-    import csv
-    from test_nbgrader_e2e import cell, nbgrader, release_in, text_of
-    course = tmp_path / "course"
-    generated = release_in(course, EX)
-    expected = {"ada": ("honest/h02_batch_isend_irecv.py", 100.0)}
-    for student, (answer, _) in expected.items():
-        nb = nbformat.read(generated, as_version=4)
-        cell(nb, "ring_all_reduce").source = (FIX / answer).read_text(encoding="utf-8")
-        dest = course / "submitted" / student / EX / f"{EX}.ipynb"
-        dest.parent.mkdir(parents=True)
-        nbformat.write(nb, dest)
-    nbgrader(course, "autograde", EX, timeout=420)
-    nbgrader(course, "generate_feedback", EX)
-    nbgrader(course, "export")
-    with open(course / "grades.csv", newline="") as fh:
-        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
-    assert {s: float(rows[s]["score"]) for s in expected} == {s: score for s, (_, score) in expected.items()}
-    assert {float(rows[s]["max_score"]) for s in expected} == {100.0}
-
-    ada = nbformat.read(course / "autograded" / "ada" / EX / f"{EX}.ipynb", as_version=4)
-    report = text_of(next(c for c in ada.cells if 'nbcheck.report("ring_allreduce")' in c.source))
-    assert "Score: 40 / 40" in report and "ring bound (2 ranks, S = 1031 elements)" in report
-    bench = next(c for c in ada.cells if 'bench.notebook("ring_allreduce")' in c.source)
-    assert "Not timed while autograding" in text_of(bench)   # a class's autograde spends nothing on timing
-    html = (course / "feedback" / "ada" / EX / f"{EX}.html").read_text(encoding="utf-8")
-    assert "HIDDEN TESTS" not in html
-    assert not re.search(r"ws[345]\.", html)     # no hidden check id, no hidden world size
 
 
 INLINE_BENCH = """

@@ -247,7 +247,7 @@ def test_hostile_class_through_batch(tmp_path):
     for cheat in ("c02_patch_comparisons", "c03_tensor_subclass", "c04_fake_output"):
         shutil.copy(FIXTURES / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
     out = tmp_path / "out"
-    proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "6",
+    proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "4",
                                            "--lang", "en", timeout=170)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = {

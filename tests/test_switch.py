@@ -210,3 +210,23 @@ def test_malformed_messages_end_that_rank_with_a_named_verdict():
             assert out.stop == "completed" and out.ranks[0].result["values"]["t"]["kind"] == "other", name
         else:
             assert out.stop == "protocol" and out.stop_rank in (0, 1), (name, out.stop, out.error)
+
+
+def test_values_kept_are_the_first_operations_then_a_window_of_the_latest():
+    """The switch keeps values for verification within a budget per rank (switch.core.RETAIN_FIRST, then
+    RETAIN_LATEST): the first operations, then the latest, the oldest of the window making way; every record
+    (operation, sizes, what was delivered) stays, so counts and traffic are judged on all of them."""
+    from grader.switch import core
+    sim = Sim(2)
+    n, total = 1 << 16, 100
+    rng = np.random.default_rng(0)
+    for _ in range(total):
+        sim.all_reduce([rng.standard_normal(n), rng.standard_normal(n)])
+    per_op = 3 * 4 * n    # sent, what entered (perturbed), delivered: float32
+    first, latest = core.RETAIN_FIRST // per_op, core.RETAIN_LATEST // per_op
+    for calls in sim.switch.calls:
+        assert [c.retained for c in calls] == [True] * first + [False] * (total - first - latest) + [True] * latest
+        assert len(calls) == total and all(c.completed and c.delivered for c in calls)
+        dropped, kept = calls[first], calls[-1]
+        assert dropped.sent_values() == [None] and dropped.delivered_values() == [None]
+        assert kept.sent_values()[0].size == n and kept.delivered_values()[0].size == n

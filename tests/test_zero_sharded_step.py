@@ -3,9 +3,9 @@
 Every fixture under tests/fixtures/zero_sharded_step/ is graded by ONE `batch` call (module fixture):
 honest styles score 100, each mistake gets its exact outcomes and its cause (the exercise's words, in
 Chinese and English), each cheat scores 0 on the checks it fakes. Then `list`, `check` (Chinese),
-`gradescope-zip` with run_autograder (which runs `grade`), the nbgrader round trip (generate_assignment,
-autograde of a notebook whose cells run the in-notebook check in a real kernel), and the report's
-ZeRO lines, which are the chapter's claim in the student's own run.
+`gradescope-zip` with run_autograder (which runs `grade`), and the report's ZeRO lines, which are the
+chapter's claim in the student's own run (nbgrader: tests/test_nbgrader_e2e.py, one course for every
+exercise).
 """
 from __future__ import annotations
 
@@ -426,37 +426,3 @@ def test_exercise_messages_are_bilingual_and_hidden_safe():
         if key.startswith("cause."):   # hidden checks show them: names only, no numbers
             assert hidden_safe(f"{EX}.{key}"), key
             assert not re.search(r"\d", re.sub(r"ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", zh + en)), key
-
-
-# -- nbgrader, end to end --------------------------------------------------------------------------
-
-@pytest.mark.timeout(300)
-def test_nbgrader_round_trip(tmp_path):
-    """generate_assignment in a temporary course (its release is the committed one), then a student's
-    notebook through autograde (a real kernel runs the self-check and the check cells): the gradebook holds
-    the scores the CLI gives, cell by cell."""
-    from test_nbgrader_e2e import cell, nbgrader, release_in
-    course = tmp_path / "course"
-    release_in(course, EX)
-
-    nb = nbformat.read(RELEASE_NB, as_version=4)
-    answer = ast.parse((FIX / "m04_full_momentum.py").read_text(encoding="utf-8"))
-    worker = next(n for n in answer.body if isinstance(n, ast.FunctionDef) and n.name == "run_worker")
-    cell(nb, "run_worker").source = ast.unparse(worker)
-    submitted = course / "submitted" / "erin" / EX
-    submitted.mkdir(parents=True)
-    nbformat.write(nb, submitted / f"{EX}.ipynb")
-    nbgrader(course, "autograde", EX, timeout=240)
-    from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        sub = gb.find_submission_notebook(EX, EX, "erin")
-        cells = {g.name: (g.score, g.max_score) for g in sub.grades}
-    assert sum(score for score, _ in cells.values()) == 70 and sum(top for _, top in cells.values()) == 100
-    assert {name for name, (score, top) in cells.items() if score != top} == {
-        "test_ws2_momentum", "test_ws3_momentum", "test_ws4_momentum"}
-    graded = nbformat.read(course / "autograded" / "erin" / EX / f"{EX}.ipynb", as_version=4)
-    report = next(c for c in graded.cells if 'nbcheck.report("zero_sharded_step")' in c.source)
-    text = "".join(o.get("text", "") for o in report.outputs)
-    assert "ZeRO" in text and "1030" in text, text
-    momentum = "".join(o.get("evalue", "") + "".join(o.get("traceback", [])) for o in cell(graded, "test_ws2_momentum").outputs)
-    assert "DDP" in momentum, momentum

@@ -54,7 +54,9 @@ class RankLink(backend.Link):
         self.spec, self.channel = spec, channel
         self.filename = spec["filename"]
         self.filenames = {spec["filename"]}
-        self.budget = values.Budget()
+        self.budget = values.Budget()                          # the answers'
+        self.snap_budget = values.Budget(values.SNAPSHOT_BYTES)  # the snapshots': never the answers'
+        self.names = set(spec.get("quantities") or ())
         self.entry_codes: set = set()
         self.snapped: dict[str, tuple] = {}
 
@@ -62,8 +64,10 @@ class RankLink(backend.Link):
         _restore_builtins()
 
     def snapshot(self) -> None:
-        """The tensors the entry function holds as it enters an operation: a rank left waiting there
-        (another rank failed) is judged on them. Only tensors that changed since the last snapshot."""
+        """The tensors the entry function holds under a quantity's name as it enters an operation: a rank
+        left waiting there (another rank failed) is judged on them. Only tensors that changed since the last
+        snapshot, within a budget of their own (a warm-up buffer rewritten before every operation must not
+        use up what the final answers need)."""
         frame = sys._getframe(2)
         while frame is not None and frame.f_code not in self.entry_codes:
             frame = frame.f_back
@@ -71,7 +75,7 @@ class RankLink(backend.Link):
             return
         changed, blobs = {}, []
         for name, value in list(frame.f_locals.items()):
-            if isinstance(value, _TB):
+            if name in self.names and isinstance(value, _TB):
                 try:
                     version = value._version
                 except RuntimeError:   # an inference tensor keeps no version counter
@@ -79,7 +83,7 @@ class RankLink(backend.Link):
                 key = (id(value), version)
                 if self.snapped.get(name) != key:
                     self.snapped[name] = key
-                    changed[name] = values.describe(value, self.budget, blobs)
+                    changed[name] = values.describe(value, self.snap_budget, blobs)
         if changed:
             self.channel.send({"t": "snap", "locals": changed}, blobs)
 
@@ -344,6 +348,11 @@ def rank_main(channel_fd: int) -> None:
     """Entry of a rank process (already sandboxed). Never returns."""
     code, header = 0, {}
     channel = Channel(channel_fd)
+    if not os.environ.get("OMP_NUM_THREADS"):
+        # One intra-op thread per rank, as torchrun sets for several processes on one machine: the ranks'
+        # thread pools would otherwise fight over the cores (an elementwise op on 64K elements then takes
+        # 10-30 ms instead of 20 us, with 2 cores and 2 ranks or more).
+        torch.set_num_threads(1)
     try:
         header, _ = channel.recv()
         if header.get("t") != "spec":

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .. import wire
@@ -37,7 +37,8 @@ FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to rep
 DEADLOCK_GRACE_S = 0.25  # every live rank waits on an operation the switch cannot complete, nothing arrives
 STOP_GRACE_S = 3.0       # SIGTERM to the run's leader (its pid 1, or the leader above it), then SIGKILL
 PROCESS_CHECK_S = 0.5    # how often a run's processes are counted (a fork bomb stops within about this)
-MAX_REPORTS = 96 << 20   # what one rank may send besides its operations (answers, snapshots: values.BUDGET_BYTES)
+MAX_REPORTS = 128 << 20  # what one rank may send besides its operations: answers (values.BUDGET_BYTES), snapshots
+#                          (values.SNAPSHOT_BYTES) and the frames around them (MAX_OPS snapshots at most)
 MAX_SNAPSHOT_NAMES = 512  # locals a rank's snapshot keeps (the entry function's, as it enters an operation)
 MAX_UNREAD = MAX_OUTPUT + (8 << 20)   # what the switch may owe a rank that has not read it (its reader reads
                                       # at once: more is a rank that stopped reading, and it is stopped)
@@ -73,6 +74,7 @@ class RunRequest:
     perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data the switch perturbs
     label: str = ""
     preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (static.imports)
+    time_scale: float = 1.0               # the run's wall and CPU limits times this (code that compiles)
     mode: str = "switch"                  # "switch": graded through the switch; "real": torch's own backend;
     #                                       "bench:<json options>": time `entry` (bench_rank.py)
     files: dict = field(default_factory=dict)   # files written in each rank's working folder (%%writefile)
@@ -351,7 +353,9 @@ class Runner:
         if uids is not None and not namespaces:
             os.chown(workdir, uids[0], uids[0])
         os.chmod(workdir, 0o700 if namespaces or uids is None else 0o711)
-        run = _Run(request, slot, workdir, self.limits, uids)
+        limits = self.limits if request.time_scale == 1.0 else replace(
+            self.limits, wall_s=self.limits.wall_s * request.time_scale, cpu_s=int(self.limits.cpu_s * request.time_scale))
+        run = _Run(request, slot, workdir, limits, uids)
         cwd = "/tmp" if namespaces else str(workdir)
         # A real-backend run's rendezvous store. In the run's own network namespace: a TCPStore that the
         # run's pid 1 hosts on loopback (no file locks, so the seccomp filter can deny them; the port is free,
@@ -371,7 +375,7 @@ class Runner:
             send_fds += [theirs.detach(), out_w]
             spec = {"t": "spec", "rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
-                    "backend": request.backend, "mode": mode, "store": store, "timeout": self.limits.wall_s,
+                    "backend": request.backend, "mode": mode, "store": store, "timeout": limits.wall_s,
                     "files": dict(request.files)}
             run.pending[chan] = wire.pack(spec)
             run.channel[r] = chan
@@ -388,7 +392,7 @@ class Runner:
                "workdir": str(workdir), "namespaces": namespaces, "user_namespace": layers["user_namespace"],
                "seccomp": layers.get("seccomp", False) and self.use_sandbox, "store": store,
                "no_new_privs": layers.get("no_new_privs", False) and self.use_sandbox,
-               "limits": asdict(self.limits), "cuda": request.cuda,
+               "limits": asdict(limits), "cuda": request.cuda,
                "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)

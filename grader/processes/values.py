@@ -12,7 +12,8 @@ import torch
 from .. import wire
 
 MAX_ELEMENTS = 1 << 22        # values sent per tensor
-BUDGET_BYTES = 48 << 20       # values sent per rank in all
+BUDGET_BYTES = 48 << 20       # values of the answers sent per rank in all
+SNAPSHOT_BYTES = 32 << 20     # values of the snapshots (entry's locals as it enters an operation) in all
 
 _TB = torch._C.TensorBase
 

@@ -27,7 +27,13 @@ from .. import comm, wire
 from . import ops, perturb
 from .record import Call
 
-RETAIN_BYTES = 48 << 20     # values kept per rank for verification (sizes are kept beyond it)
+# Values kept per rank for verification (sizes and every record are kept beyond them): the rank's first
+# operations up to RETAIN_FIRST, then a window of its latest ones up to RETAIN_LATEST (the oldest completed
+# operations of the window make way for new ones). An answer computed before a long benchmark loop, or after a
+# long warm-up, keeps its evidence; one computed in the middle of both may lose it (its checks then fail,
+# the values not having been kept: evidence lost never passes a check).
+RETAIN_FIRST = 16 << 20
+RETAIN_LATEST = 32 << 20
 TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run (sent and delivered)
 MAX_OUTPUT = 32 << 20       # what one operation may deliver to one rank (an all_gather of 8 MiB at 4 ranks)
 MAX_IN_FLIGHT = 64 << 20    # what a rank's operations not yet completed may have sent (the switch holds it)
@@ -52,6 +58,17 @@ def _opt_str(value, limit: int = 200) -> str | None:
     return value[:limit] if isinstance(value, str) else None
 
 
+def _forget(call: Call) -> None:
+    """A completed operation's values dropped (its record kept): it no longer counts as evidence."""
+    call.retained = False
+    call.sent = [None] * len(call.sent)
+    if call.perturbed is not None:
+        call.perturbed = [None] * len(call.perturbed)
+    call.delivered_arrays = [None] * len(call.delivered_arrays)
+    for cached in ("_sent64", "_delivered64", "_perturbed64"):
+        call.__dict__.pop(cached, None)
+
+
 class Switch:
     def __init__(self, world_size: int, perturb_ops: tuple = (), rng: np.random.Generator | None = None):
         self.ws = world_size
@@ -63,7 +80,10 @@ class Switch:
         self.outbox: list[tuple[int, list]] = []             # (rank, frame buffers) to write
         self.finished: set[int] = set()
         self.blocked: dict[int, int] = {}                    # rank -> seq of the operation it waits on
-        self.retained = [0] * world_size
+        self.first = [0] * world_size                        # bytes kept of each rank's first operations
+        self.first_full = [False] * world_size
+        self.latest: list[deque] = [deque() for _ in range(world_size)]   # (call, bytes) in the window
+        self.latest_bytes = [0] * world_size
         self.traffic = [0] * world_size
         self.in_flight = [0] * world_size                    # bytes sent by each rank's operations not completed
         self._index: dict[tuple, int] = {}                   # (rank, group key) -> collectives so far
@@ -192,10 +212,34 @@ class Switch:
 
     def _retain(self, call: Call, nbytes: int) -> None:
         rank = call.rank
-        if self.retained[rank] + nbytes > RETAIN_BYTES:
+        if not self.first_full[rank]:
+            if self.first[rank] + nbytes <= RETAIN_FIRST:
+                self.first[rank] += nbytes
+                return
+            self.first_full[rank] = True
+        if nbytes > RETAIN_LATEST:
             call.retained = False
-        else:
-            self.retained[rank] += nbytes
+            return
+        window = self.latest[rank]
+        while self.latest_bytes[rank] + nbytes > RETAIN_LATEST and window:
+            old, size = self._oldest_completed(window)
+            if old is None:
+                break
+            self.latest_bytes[rank] -= size
+            _forget(old)
+        if self.latest_bytes[rank] + nbytes > RETAIN_LATEST:
+            call.retained = False   # the window holds operations still in flight: their values are needed
+            return
+        window.append((call, nbytes))
+        self.latest_bytes[rank] += nbytes
+
+    @staticmethod
+    def _oldest_completed(window: deque):
+        for i, (call, size) in enumerate(window):
+            if call.completed:
+                del window[i]
+                return call, size
+        return None, 0
 
     # -- pairing ------------------------------------------------------------------------------------
     def _post_collective(self, call: Call) -> None:

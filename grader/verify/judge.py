@@ -139,6 +139,8 @@ class Judge:
         wanted = []
         if runs.clean is None:
             return wanted
+        if runs.clean.stop not in ("completed", "failfast") and all(p.stop == runs.clean.stop for p in runs.perturbed):
+            return wanted   # clean and perturbed runs ended alike (a time limit, say): perturbing less changes nothing
         for quantity in self.exercise.quantities:
             if not quantity.provenance or not quantity.through:
                 continue
