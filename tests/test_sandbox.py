@@ -318,7 +318,8 @@ def test_the_checkout_is_not_readable_from_a_rank():
 def test_a_checkout_in_a_private_folder_under_tmp_grades_honest_code(tmp_path):
     """A copy of the grader in a mode-700 folder below /tmp (as a CI clone made with `mktemp -d`): ranks get
     the grader's modules from the zygote, the libraries from the interpreter's folders, and lazy imports of
-    the standard library, site-packages and torch still work; grader modules not preloaded do not."""
+    the standard library, site-packages and torch still work, from a folder of sys.path below /tmp too (a
+    venv inside a clone there: each rank's own /tmp must not hide it); grader modules not preloaded do not."""
     private = Path(tempfile.mkdtemp(dir="/tmp"))
     try:
         assert (private.stat().st_mode & 0o777) == 0o700
@@ -327,12 +328,17 @@ def test_a_checkout_in_a_private_folder_under_tmp_grades_honest_code(tmp_path):
         for definition in (ROOT / "solutions").glob("*/exercise.py"):     # the exercises, not their solutions
             (checkout / definition.relative_to(ROOT)).parent.mkdir(parents=True)
             shutil.copy(definition, checkout / definition.relative_to(ROOT))
+        site = private / "site"
+        site.mkdir()
+        (site / "tmp_probe_lib.py").write_text("VALUE = 1\n", encoding="utf-8")
+        site.chmod(0o755)
         proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_library_import.py"), "--lang", "en",
                                "--time-limit", "30"],
                               cwd=checkout, capture_output=True, text=True, timeout=50,
-                              env={**os.environ, "PYTHONPATH": str(checkout)})
+                              env={**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{site}"})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "Score: 40 / 40" in proc.stdout
+        assert "  | tmp_probe_lib: imported" in proc.stdout, proc.stdout
         assert "  | grader.integrations.release: ModuleNotFoundError" in proc.stdout
     finally:
         shutil.rmtree(private, ignore_errors=True)

@@ -475,31 +475,46 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False, empt
     return how.private
 
 
-def isolate_rank(tmp_mb: int) -> None:
+def isolate_rank(tmp_mb: int, code: list[str] = ()) -> None:
     """Called by a rank of a graded run, still privileged, before its uid changes: a network namespace, a
     mount namespace with a /tmp of its own (also /var/tmp and /dev/shm) and an IPC namespace of its own (the
     run's /proc shows a rank only its own uid's processes: enter_root). Its socket to the grader, inherited,
     is then the only way it has to another rank: no shared network, file, store or memory."""
     unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC)
     loopback_up()
-    _own_tmp(tmp_mb, ("/var/tmp", "/dev/shm"))
+    _own_tmp(tmp_mb, ("/var/tmp", "/dev/shm"), code)
 
 
-def isolate_files(tmp_mb: int, shm: bool) -> None:
+def isolate_files(tmp_mb: int, shm: bool, code: list[str] = ()) -> None:
     """Called by a rank of a real-backend run (its ranks share the run's loopback network, which gloo needs):
     a /tmp of its own (and /var/tmp; /dev/shm too unless `shm` is False: NCCL's shared-memory transport
     needs it shared), so that files two ranks both write (a notebook's %%writefile /tmp/x, say) do not clash
     between their uids."""
     unshare(CLONE_NEWNS)
-    _own_tmp(tmp_mb, ("/var/tmp", "/dev/shm") if shm else ("/var/tmp",))
+    _own_tmp(tmp_mb, ("/var/tmp", "/dev/shm") if shm else ("/var/tmp",), code)
 
 
-def _own_tmp(tmp_mb: int, also: tuple) -> None:
+def _own_tmp(tmp_mb: int, also: tuple, code=()) -> None:
+    """A fresh tmpfs at /tmp (and bound at `also`). The interpreter's folders that the run's root placed
+    below them (`code`: a venv inside a checkout in /tmp, say) are held open first and bound back, read-only,
+    at their paths in the new /tmp: the rank still imports what it finds there lazily."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    held = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in code
+            if any(_inside(path, top) for top in ("/tmp", *also)) and os.path.lexists(path)]
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={max(1, int(tmp_mb))}m")
     for path in also:
         if os.path.isdir(path):
             mount("/tmp", path, None, MS_BIND)
+    for path, fd in held:
+        source = f"/proc/self/fd/{fd}"
+        if os.path.isdir(source):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        mount(source, path, None, MS_BIND | MS_REC)
+        mount(None, path, None, _readonly_flags(os.statvfs(path).f_flag))
+        os.close(fd)
 
 
 def _pivot_root(new: str, old: str) -> None:

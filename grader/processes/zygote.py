@@ -172,9 +172,9 @@ def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
             os.close(fd)
         limits = sandbox.Limits(**req["limits"])
         if req["namespaces"] and req["mode"] == "switch":   # no shared network, /tmp, IPC or /proc with another rank
-            sandbox.isolate_rank(limits.tmp_mb)
+            sandbox.isolate_rank(limits.tmp_mb, _CODE)
         elif req["namespaces"]:   # a real-backend run: the network shared, files not
-            sandbox.isolate_files(limits.tmp_mb, shm=not req["cuda"])
+            sandbox.isolate_files(limits.tmp_mb, shm=not req["cuda"], code=_CODE)
         uid = req["uids"][r] if req.get("uids") else None
         sandbox.apply_limits(limits, uid_limits=uid is not None, address_space=not req["cuda"])
         if uid is not None:
