@@ -190,7 +190,7 @@ class Switch:
         call.sent = [t.data for t in args.flat_in] if sends else []
         call.weight = ops.weight_of(reduce, n) if spec.op in ("all_reduce", "reduce_scatter", "reduce") else 1.0
         call.sent_bytes_held = nbytes
-        self._retain(call, 2 * nbytes + out_bytes)   # sent, perturbed, delivered
+        call.retain_bytes = 2 * nbytes + out_bytes    # sent, perturbed, delivered: charged once it completes
         return call, args
 
     @staticmethod
@@ -211,6 +211,8 @@ class Switch:
         raise ProtocolError("bad tensor nesting")
 
     def _retain(self, call: Call, nbytes: int) -> None:
+        """At completion: keep the values of a rank's first operations, then of a window of its latest
+        (every operation of the window is complete, so the oldest goes first)."""
         rank = call.rank
         if not self.first_full[rank]:
             if self.first[rank] + nbytes <= RETAIN_FIRST:
@@ -221,25 +223,12 @@ class Switch:
             call.retained = False
             return
         window = self.latest[rank]
-        while self.latest_bytes[rank] + nbytes > RETAIN_LATEST and window:
-            old, size = self._oldest_completed(window)
-            if old is None:
-                break
+        while self.latest_bytes[rank] + nbytes > RETAIN_LATEST:
+            old, size = window.popleft()
             self.latest_bytes[rank] -= size
             _forget(old)
-        if self.latest_bytes[rank] + nbytes > RETAIN_LATEST:
-            call.retained = False   # the window holds operations still in flight: their values are needed
-            return
         window.append((call, nbytes))
         self.latest_bytes[rank] += nbytes
-
-    @staticmethod
-    def _oldest_completed(window: deque):
-        for i, (call, size) in enumerate(window):
-            if call.completed:
-                del window[i]
-                return call, size
-        return None, 0
 
     # -- pairing ------------------------------------------------------------------------------------
     def _post_collective(self, call: Call) -> None:
@@ -326,6 +315,7 @@ class Switch:
     # -- frames out ---------------------------------------------------------------------------------
     def _deliver(self, call: Call, args: ops.Args, arrays: list, pieces: list, made: dict | None = None) -> None:
         call.completed, call.ok, call.completed_at = True, True, self.clock
+        self._retain(call, call.retain_bytes)
         outs = args.flat_out if call.receives else []
         descs, blobs, made = [], [], {} if made is None else made
         for t, array in zip(outs, arrays):
@@ -347,6 +337,7 @@ class Switch:
     def _fail(self, call: Call, error: str) -> None:
         call.completed, call.ok, call.error, call.completed_at = True, False, error[:1000], self.clock
         self.args.pop((call.rank, call.seq), None)
+        _forget(call)   # a failed operation proves nothing: its values are not kept (its record is)
         self._unblock(call)
         self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": False, "error": call.error})))
 

@@ -51,6 +51,7 @@ class Call:
     source: int | None = None       # a receive from any source: the sender's group rank
     posted: int = 0                 # point-to-point: the order the switch took it in (pairing)
     sent_bytes_held: int = field(default=0, repr=False)   # what the switch holds for it until it completes
+    retain_bytes: int = field(default=0, repr=False)      # what keeping its values costs (sent, entered, delivered)
     delivered: list = field(default_factory=list)               # descriptors of what was delivered
     delivered_arrays: list = field(default_factory=list, repr=False)
     pieces: list = field(default_factory=list, repr=False)      # per output: [Piece]
