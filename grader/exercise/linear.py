@@ -1,0 +1,117 @@
+"""A quantity that is a linear combination of every rank's own vectors, traced through a perturbed run's
+all-reduces: for exercises whose quantity is a rank's own state (`combine="own"`, `context=True`), computed
+from what its all-reduces delivered with coefficients the engine's tracer does not try (1/K micro-batches,
+a half-precision round trip, an optimizer step).
+
+    run = LinearRun(ctx, lambda q: [...rank q's own vectors...], numel)
+    run.values(rank, target)   # what this rank can have made, with weights `target` over the own vectors
+
+Numbers only (numpy): nothing here runs in a rank.
+"""
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+
+HALF = ("torch.float16", "torch.bfloat16")
+
+
+def fit(target: np.ndarray, columns: list[np.ndarray], dtype: str):
+    """Coefficients c with sum(c_j columns_j) == target elementwise within the dtype's rounding; None if none."""
+    if not columns:
+        return None
+    basis = np.stack(columns, axis=1)
+    coef, *_ = np.linalg.lstsq(basis, target, rcond=None)
+    loose = dtype in HALF
+    atol, rtol = (2e-2, 2e-2) if loose else (1e-5 * max(1.0, float(np.max(np.abs(target), initial=0))), 1e-4)
+    return coef if np.all(np.abs(basis @ coef - target) <= atol + rtol * np.abs(target)) else None
+
+
+class LinearRun:
+    """What the all-reduces of one perturbed run delivered, in terms of every rank's own vectors.
+
+    `own(q)` lists rank q's own vectors (the exercise's data: one per micro-batch, say). A vector a rank sent is explained when it
+    is a combination of its own vectors and of what earlier all-reduces delivered to it; a delivered vector
+    is then weight x the sum of what the group's ranks sent, so each is a coefficient vector over the
+    basis (q, j) of every rank's own vectors, exactly as the unperturbed run would have computed it. Only
+    all-reduces whose tensors (flattened, concatenated) have `numel` elements take part."""
+
+    def __init__(self, ctx, own, numel: int, ops=("all_reduce",)):
+        self.view, self.ws, self.numel, self.ops = ctx.view, ctx.world_size, numel, ops
+        self.own = [list(own(q)) for q in range(self.ws)]
+        self.offset = np.cumsum([0] + [len(v) for v in self.own])
+        self._sent: dict = {}
+        self._delivered: dict = {}
+        self.loose = False    # a vector sent in half precision: its coefficients are known to about 1e-3
+
+    def calls(self, rank: int) -> list:
+        return [c for c in self.view.calls[rank] if c.op in self.ops and c.completed and c.ok and c.sends and c.receives]
+
+    @staticmethod
+    def _flat(arrays) -> np.ndarray:
+        parts = [a for a in arrays if a is not None]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def delivered(self, call) -> np.ndarray | None:
+        """Coefficients of what `call` delivered (None: not explained)."""
+        key = (call.rank, call.seq)
+        if key not in self._delivered:
+            self._delivered[key] = None
+            if call.weight is not None and self._flat(call.delivered_values()).size == self.numel:
+                parts = [self.sent(p) for p in call.partners.values()]
+                if parts and all(p is not None for p in parts):
+                    self._delivered[key] = call.weight * np.sum(parts, axis=0)
+        return self._delivered[key]
+
+    def sent(self, call) -> np.ndarray | None:
+        """Coefficients of what rank `call.rank` sent into `call` (None: not its own data)."""
+        key = (call.rank, call.seq)
+        if key not in self._sent:
+            self._sent[key] = None
+            sent = self._flat(call.sent_values())
+            if sent.size == self.numel:
+                earlier = [c for c in self.calls(call.rank) if c.completed_at < call.entered_at and self.delivered(c) is not None]
+                columns = self.own[call.rank] + [self._flat(c.delivered_values()) for c in earlier]
+                dtype = str(call.inputs[0].get("dtype")) if call.inputs else ""
+                coef = fit(sent, columns, dtype)
+                self.loose |= coef is not None and dtype in HALF
+                if coef is not None:
+                    q, n = call.rank, len(self.own[call.rank])
+                    out = np.zeros(self.offset[-1])
+                    out[self.offset[q]:self.offset[q] + n] = coef[:n]
+                    for c, b in zip(earlier, coef[n:]):
+                        out += b * self.delivered(c)
+                    self._sent[key] = out
+        return self._sent[key]
+
+    def values(self, rank: int, target: np.ndarray, limit: int = 16) -> list[np.ndarray]:
+        """Every value rank `rank` can make from what it was delivered (and its own vectors) whose weights are
+        `target`, one per independent choice of deliveries (an all-reduce repeated gives two ways)."""
+        usable = [c for c in self.calls(rank) if self.delivered(c) is not None]
+        own = self.own[rank]
+        own_columns = []
+        for j in range(len(own)):
+            e = np.zeros(self.offset[-1])
+            e[self.offset[rank] + j] = 1.0
+            own_columns.append(e)
+        out: list[np.ndarray] = []
+        for size in range(1, min(len(usable), 6) + 1):
+            for subset in combinations(usable, size):
+                columns = [self.delivered(c) for c in subset] + own_columns
+                basis = np.stack(columns, axis=1)
+                if np.linalg.matrix_rank(basis) < len(columns):
+                    continue
+                coef, *_ = np.linalg.lstsq(basis, target, rcond=None)
+                # the coefficients of what was delivered come from fits of rounded data: known to the rounding
+                if np.max(np.abs(basis @ coef - target)) > (3e-2 if self.loose else 1e-4) * float(np.max(np.abs(target))):
+                    continue
+                value = sum(b * self._flat(c.delivered_values()) for c, b in zip(subset, coef[:size]))
+                value = value + sum(b * v for v, b in zip(own, coef[size:]))
+                if not any(np.allclose(value, v, rtol=1e-9, atol=1e-12) for v in out):
+                    out.append(value)
+                if len(out) >= limit:
+                    return out
+            if out:
+                return out    # the fewest deliveries that make it
+        return out
