@@ -17,10 +17,27 @@ PY = sys.executable
 CLI_TIMEOUT = 120
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_template():
+    """One template zygote for this test process (each xdist worker has its own): every grader process the
+    tests start (`grade`, `check`, `batch` and its workers, a notebook kernel's nbcheck) forks its zygote from
+    it instead of importing torch again (launch.serve_template). A test that gives run_cli an environment
+    gets a cold zygote, which inherits that environment."""
+    from grader.processes import launch
+    path = launch.serve_template()
+    yield path
+    launch.stop_serving()
+
+
 def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m grader ARGS` from the repository root; killed by process group if it overruns."""
+    """`python -m grader ARGS` from the repository root; killed by process group if it overruns. With `env`,
+    not the session's template: the zygote starts cold, in that environment."""
+    from grader.processes.launch import TEMPLATE_SOCKET_ENV
+    full = {**os.environ, **(env or {})}
+    if env is not None and TEMPLATE_SOCKET_ENV not in env:
+        full.pop(TEMPLATE_SOCKET_ENV, None)
     proc = subprocess.Popen([PY, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env={**os.environ, **(env or {})})
+                            text=True, start_new_session=True, env=full)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -88,9 +105,9 @@ def grade(tmp_path):
 
 # The files that take longest go to the workers first (--dist loadfile hands out files in collection
 # order): the workers then finish together instead of one running the last big file alone.
-SLOWEST_FIRST = ["test_attacks.py", "test_grade_fixtures.py", "test_causes.py", "test_ring_allreduce.py", "test_sandbox.py",
+SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_attacks.py", "test_grade_fixtures.py", "test_causes.py", "test_ring_allreduce.py", "test_sandbox.py",
                  "test_zero_sharded_step.py", "test_grad_accum_no_sync.py", "test_hierarchical_allreduce.py", "test_fp16_allreduce.py",
-                 "test_cli.py", "test_batch.py", "test_nbgrader_e2e.py", "test_notebook.py", "test_discovery.py"]
+                 "test_cli.py", "test_batch.py", "test_notebook.py", "test_discovery.py"]
 
 
 def pytest_collection_modifyitems(items):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -190,6 +191,7 @@ def _gone(pid: int, within: float = 10) -> bool:
 def test_a_batch_worker_zygote_is_a_fork_of_the_template_and_goes_with_its_runner(monkeypatch):
     """A batch imports torch once: each worker's zygote is forked from the parent's template, serves that
     worker alone, and is gone (process and folder) when the worker's Runner closes."""
+    monkeypatch.delenv(launch.TEMPLATE_SOCKET_ENV, raising=False)   # not the session's template: a batch's own
     launch.start_template()
     try:
         template = launch._TEMPLATE[1]
@@ -214,6 +216,7 @@ def test_a_batch_worker_zygote_is_a_fork_of_the_template_and_goes_with_its_runne
 def test_a_worker_whose_template_died_starts_its_own_zygote(monkeypatch):
     """The template is killed after the worker asked it (its request, socket attached, dies unanswered):
     the worker's Runner starts a zygote of its own and grades."""
+    monkeypatch.delenv(launch.TEMPLATE_SOCKET_ENV, raising=False)
     launch.start_template()
     try:
         monkeypatch.setenv(launch.TEMPLATE_ENV, str(os.dup(launch.template_fd())))  # a worker's own copy
@@ -227,3 +230,60 @@ def test_a_worker_whose_template_died_starts_its_own_zygote(monkeypatch):
             assert not isinstance(r.proc, launch.Forked)
     finally:
         launch.stop_template()
+
+
+@pytest.mark.timeout(90)
+def test_a_session_template_serves_every_grader_process_of_its_user(session_template, tmp_path):
+    """GRADER_TEMPLATE_SOCKET (tests/conftest.py sets it): a Runner's zygote is a fork of the session's
+    template; a batch started under it makes no template of its own; the socket is out of other users' reach."""
+    template = launch._SESSION[1]
+    assert os.environ[launch.TEMPLATE_SOCKET_ENV] == session_template
+    assert os.stat(os.path.dirname(session_template)).st_mode & 0o777 == 0o700
+    with Runner(limits=Limits(wall_s=10)) as r:
+        [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))])
+        assert out.stop == "completed"
+        assert [values(rec.result["values"]["t"]).tolist() for rec in out.ranks] == [[3.0] * 4] * 2
+        assert isinstance(r.proc, launch.Forked) and _parent_pid(r.proc.pid) == template.pid
+        zygote = r.proc.pid
+    assert _gone(zygote) and template.poll() is None
+    launch.start_template()
+    assert launch.template_fd() is None
+    if os.geteuid() == 0:   # a rank's uid (or any other) cannot even reach the socket
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                    s.connect(session_template)
+            except PermissionError:
+                code = 0
+            except BaseException:
+                code = 2
+            os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_template_forks_only_for_its_own_interpreter_and_checkout(session_template, monkeypatch, tmp_path):
+    """A request from another interpreter or checkout gets its socket closed, unanswered; a Runner whose
+    template will not or cannot fork (or whose socket is gone) starts its zygote cold and grades."""
+    for other in ({"python": "/usr/bin/python3"}, {"root": str(tmp_path)}, {"base": 7}):
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {"t": "spawn", "base": str(tmp_path), "python": PY, "root": str(ROOT), **other}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(session_template)
+            socket.send_fds(s, [json.dumps(request).encode()], [theirs.fileno()])
+        theirs.close()
+        mine.settimeout(30)
+        assert mine.recv(1 << 16) == b"", other   # closed: no zygote forked
+        mine.close()
+    monkeypatch.setattr(launch, "ROOT", str(tmp_path))   # this process now asks as another checkout would
+    with Runner(limits=Limits(wall_s=10)) as r:
+        [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py")])
+        assert out.stop == "completed" and not isinstance(r.proc, launch.Forked)
+    monkeypatch.setenv(launch.TEMPLATE_SOCKET_ENV, str(tmp_path / "no-such-socket"))
+    with Runner(limits=Limits(wall_s=10)) as r:
+        [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py")])
+        assert out.stop == "completed" and not isinstance(r.proc, launch.Forked)

@@ -211,12 +211,15 @@ _SEQ_LOCK = threading.Lock()
 
 
 def _completer() -> None:
-    while True:
-        work = _COMPLETIONS.get()
-        try:
-            work._complete_future()
-        except BaseException:  # noqa: BLE001  (a student's callback raised: the future holds it)
-            pass
+    try:
+        while True:
+            work = _COMPLETIONS.get()
+            try:
+                work._complete_future()
+            except BaseException:  # noqa: BLE001  (a student's callback raised: the future holds it)
+                pass
+    except MemoryError:
+        _LINK.channel.out_of_memory()
 
 
 def _on_frame(header, blobs) -> None:
@@ -437,5 +440,5 @@ def install(link: Link | None) -> None:
     if NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NAME, GraderProcessGroup, devices=["cpu", "cuda"])
     if link is not None:
-        threading.Thread(target=_completer, name="grader-futures", daemon=True).start()
+        link.channel.start_thread(_completer)
         link.channel.start(_on_frame)

@@ -5,6 +5,8 @@ runs a reader thread that hands every frame from the grader to a handler (the tr
 """
 from __future__ import annotations
 
+import _thread
+import os
 import socket
 import struct
 import threading
@@ -15,11 +17,26 @@ _recv_into = socket.socket.recv_into
 _sendmsg = socket.socket.sendmsg
 
 
+# What a rank says when the grader's own code inside it runs out of memory (a thread of its own cannot start,
+# a frame cannot be read): built here, in the zygote, so that saying it allocates nothing.
+OUT_OF_MEMORY = b"".join(bytes(b) for b in wire.pack({"t": "memory"}))
+OUT_OF_MEMORY_EXIT = 71
+
+
 class Channel:
     def __init__(self, fd: int):
         self.sock = socket.socket(fileno=fd)
         self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
+
+    def out_of_memory(self):
+        """The rank's memory limit left the grader's code no room: say so and end the rank now (a thread of
+        the grader's that died of it would otherwise leave the rank waiting until the time limit)."""
+        try:
+            if self.lock.acquire(timeout=1):   # never inside another thread's frame
+                os.write(self.sock.fileno(), OUT_OF_MEMORY)
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(OUT_OF_MEMORY_EXIT)
 
     def send(self, header: dict, blobs: list | tuple = ()) -> None:
         buffers = wire.pack(header, blobs)
@@ -50,12 +67,32 @@ class Channel:
     def start(self, handler) -> None:
         """Read every later frame in a daemon thread: handler(header, blobs); EOF ends the thread."""
         def loop():
-            while True:
-                try:
-                    header, blobs = self.recv()
-                except (EOFError, OSError, wire.WireError):
-                    handler(None, None)
-                    return
-                handler(header, blobs)
-        self.thread = threading.Thread(target=loop, name="grader-channel", daemon=True)
-        self.thread.start()
+            try:
+                while True:
+                    try:
+                        header, blobs = self.recv()
+                    except (EOFError, OSError, wire.WireError):
+                        handler(None, None)
+                        return
+                    handler(header, blobs)
+            except MemoryError:
+                self.out_of_memory()
+        self.start_thread(loop)
+
+    def start_thread(self, target) -> None:
+        """A thread of the grader's inside the rank. Started low-level: threading's start waits, forever, for
+        a thread that the memory limit killed before it said it had started."""
+        started = threading.Event()
+
+        def body():
+            started.set()
+            target()
+        try:
+            _thread.start_new_thread(body, ())
+        except RuntimeError:   # "can't start new thread": the memory limit leaves no room for its stack
+            self.out_of_memory()
+        while not started.wait(2):
+            try:   # not started yet: the memory limit, or only a busy machine?
+                bytearray(16 << 20)
+            except MemoryError:
+                self.out_of_memory()

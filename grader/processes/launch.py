@@ -4,7 +4,13 @@ runs beside them instead of after them. The first Runner of the process adopts i
 
 A batch pays for `import torch` once, not once per worker: its parent starts a template zygote
 (start_template), which imports and never runs anything; each worker asks it for a zygote of its own
-(prestart), a fork of the template that serves that worker alone, exactly like a zygote started cold."""
+(prestart), a fork of the template that serves that worker alone, exactly like a zygote started cold.
+
+A template can also serve every grader process of a session (serve_template): it listens on a datagram
+socket in a folder only its owner can enter, named by GRADER_TEMPLATE_SOCKET. A `grade`, `check` or `batch`
+started with that variable set (and a notebook kernel's nbcheck) asks it for its zygote instead of importing
+torch; the template forks one only for the same interpreter and checkout, and anything else (no template
+there, another user, another interpreter) starts a zygote cold. The test suite shares one this way."""
 from __future__ import annotations
 
 import atexit
@@ -22,9 +28,11 @@ from pathlib import Path
 BASE_PREFIX = "grader-runs-"   # <prefix><supervisor pid>-...: runner._sweep_stale_bases finds the dead ones
 ROOT = str(Path(__file__).resolve().parents[2])
 TEMPLATE_ENV = "GRADER_TEMPLATE_FD"   # a batch worker's inherited socket to its parent's template zygote
+TEMPLATE_SOCKET_ENV = "GRADER_TEMPLATE_SOCKET"   # the path of a session's template (serve_template)
 
 _EARLY: tuple[Path, object, socket.socket] | None = None
 _TEMPLATE: tuple[Path, subprocess.Popen, socket.socket] | None = None
+_SESSION: tuple[Path, subprocess.Popen, socket.socket, str] | None = None   # serve_template's
 
 
 class Forked:
@@ -34,6 +42,7 @@ class Forked:
     def __init__(self):
         self.pid: int | None = None
         self.pidfd: int | None = None
+        self.ended = False
 
     def attach(self, pid: int, pidfd: int) -> None:
         self.pid, self.pidfd = pid, pidfd
@@ -41,7 +50,7 @@ class Forked:
     def poll(self) -> int | None:
         """None while it runs (or before its hello: its socket says when it is gone), else 0."""
         if self.pidfd is None:
-            return None
+            return 0 if self.ended else None
         return 0 if select.select([self.pidfd], [], [], 0)[0] else None
 
     def kill(self) -> None:
@@ -53,7 +62,7 @@ class Forked:
 
     def wait(self, timeout: float | None = 10) -> None:
         if self.pidfd is not None:
-            select.select([self.pidfd], [], [], timeout)
+            self.ended = bool(select.select([self.pidfd], [], [], timeout)[0])
             os.close(self.pidfd)
             self.pidfd = None
 
@@ -77,40 +86,32 @@ def new_base() -> Path:
     return base
 
 
-def _start(args: list[str], pass_fd: int, log_path: Path) -> subprocess.Popen:
+def _start(args: list[str], pass_fds: tuple[int, ...], log_path: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     env.pop(TEMPLATE_ENV, None)
+    env.pop(TEMPLATE_SOCKET_ENV, None)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with open(log_path, "ab") as log:
-        return subprocess.Popen([args[0], "-m", "grader.processes.zygote", *args[1:]], pass_fds=[pass_fd], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        return subprocess.Popen([args[0], "-m", "grader.processes.zygote", *args[1:]], pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 env=env, cwd=ROOT, start_new_session=True)
 
 
 def zygote(base: Path, python: str) -> tuple[subprocess.Popen, socket.socket]:
     """Start a zygote serving `base`, without waiting for it; (its process, the supervisor's socket)."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = _start([python, str(child.fileno()), str(base)], child.fileno(), base / "zygote.log")
+    proc = _start([python, str(child.fileno()), str(base)], (child.fileno(),), base / "zygote.log")
     child.close()
     return proc, parent
 
 
 def start_template() -> None:
-    """A batch parent's template zygote (once per process): its workers' zygotes are forks of it."""
+    """A batch parent's template zygote (once per process): its workers' zygotes are forks of it. None where
+    a session's template (GRADER_TEMPLATE_SOCKET) serves them already."""
     global _TEMPLATE
-    if _TEMPLATE is None:
-        base = new_base()   # for its log only
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            proc = _start([sys.executable, str(child.fileno()), str(base), "--template"], child.fileno(),
-                          base / "zygote.log")
-        except OSError:   # the workers start their own zygotes
-            parent.close()
-            shutil.rmtree(base, ignore_errors=True)
-            return
-        finally:
-            child.close()
-        _TEMPLATE = (base, proc, parent)
-        atexit.register(stop_template)
+    if _TEMPLATE is None and not os.environ.get(TEMPLATE_SOCKET_ENV):
+        _TEMPLATE = _template()
+        if _TEMPLATE is not None:
+            atexit.register(stop_template)
 
 
 def template_fd() -> int | None:
@@ -125,35 +126,96 @@ def stop_template() -> None:
         _stop(template)
 
 
-def _from_template(base: Path) -> tuple[Forked, socket.socket] | None:
-    """Ask the inherited template for a zygote of this process's own; None when there is none to ask."""
-    raw = os.environ.pop(TEMPLATE_ENV, "")
-    if not raw.isdigit():
-        return None
+def serve_template() -> str:
+    """A template for every grader process that inherits GRADER_TEMPLATE_SOCKET (set here, in os.environ):
+    its socket's path, in a folder of mode 700. It ends with this process, or with stop_serving."""
+    global _SESSION
+    if _SESSION is None:
+        folder = tempfile.mkdtemp(prefix="grader-template-")   # mode 700: only this uid reaches the socket
+        path = os.path.join(folder, "socket")
+        listen = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            listen.bind(path)   # bound before the template has started: requests wait in its queue
+            started = _template(listen)
+        finally:
+            listen.close()
+        if started is None:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise OSError("the template zygote could not start")
+        _SESSION = (*started, path)
+        atexit.register(stop_serving)
+    os.environ[TEMPLATE_SOCKET_ENV] = _SESSION[3]
+    return _SESSION[3]
+
+
+def stop_serving() -> None:
+    global _SESSION
+    session, _SESSION = _SESSION, None
+    if session is not None:
+        _stop(session[:3])
+        if os.environ.get(TEMPLATE_SOCKET_ENV) == session[3]:
+            del os.environ[TEMPLATE_SOCKET_ENV]
+        shutil.rmtree(os.path.dirname(session[3]), ignore_errors=True)
+
+
+def _template(listen: socket.socket | None = None) -> tuple[Path, subprocess.Popen, socket.socket] | None:
+    """Start a template zygote (listening on `listen` too, if given): (its folder, process, socket)."""
+    base = new_base()   # for its log only
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    args = [sys.executable, str(child.fileno()), str(base), "--template"]
+    fds = (child.fileno(),) + (() if listen is None else (listen.fileno(),))
     try:
-        template = socket.socket(fileno=int(raw))
-    except OSError:
+        proc = _start(args + ([] if listen is None else [str(listen.fileno())]), fds, base / "zygote.log")
+    except OSError:   # the workers start their own zygotes
+        parent.close()
+        shutil.rmtree(base, ignore_errors=True)
         return None
+    finally:
+        child.close()
+    return base, proc, parent
+
+
+def _from_template(base: Path) -> tuple[Forked, socket.socket] | None:
+    """Ask a template for a zygote of this process's own: the batch's (inherited, once) or the session's
+    (GRADER_TEMPLATE_SOCKET); None when there is none to ask. A template that will not fork one (another
+    interpreter or checkout) closes the socket it was sent: the Runner then starts a zygote cold."""
+    raw = os.environ.pop(TEMPLATE_ENV, "")
+    path = os.environ.get(TEMPLATE_SOCKET_ENV, "")
+    if not raw.isdigit() and not path:
+        return None
+    request = json.dumps({"t": "spawn", "base": str(base), "python": sys.executable, "root": ROOT}).encode()
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        socket.send_fds(template, [json.dumps({"t": "spawn", "base": str(base)}).encode()], [theirs.fileno()])
+        if raw.isdigit():
+            with socket.socket(fileno=int(raw)) as template:
+                socket.send_fds(template, [request], [theirs.fileno()])
+        else:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as template:
+                template.settimeout(5)
+                template.connect(path)
+                socket.send_fds(template, [request], [theirs.fileno()])
     except OSError:
         mine.close()
         return None
     finally:
         theirs.close()
-        template.close()
     return Forked(), mine
 
 
+def start_zygote(base: Path, python: str, template: bool = True):
+    """(process, socket) of a zygote serving `base`: a template's fork where one serves this interpreter,
+    else a cold start. Neither waits for the zygote."""
+    forked = _from_template(base) if template and python == sys.executable else None
+    return forked or zygote(base, python)
+
+
 def prestart() -> None:
-    """Start this process's first zygote now (a fork of the batch's template when this is a batch worker).
+    """Start this process's first zygote now (a fork of a template where one serves this process).
     Discarded at exit if no Runner adopted it."""
     global _EARLY
     if _EARLY is None:
         base = new_base()
-        forked = _from_template(base)
-        _EARLY = (base, *(forked or zygote(base, sys.executable)))
+        _EARLY = (base, *start_zygote(base, sys.executable))
         atexit.register(_discard)
 
 

@@ -359,6 +359,8 @@ def rank_main(channel_fd: int) -> None:
             raise RuntimeError("no spec")
         run(header, channel)
     except BaseException as err:  # noqa: BLE001  (the grader's own failure (setup), reported as such)
+        if isinstance(err, MemoryError) or "can't start new thread" in str(err):
+            channel.out_of_memory()   # the rank's memory limit, not the grader's fault
         try:
             channel.send({"t": "setup_error", "error": f"{type(err).__name__}: {err}"[:2000]})
         except BaseException:  # noqa: BLE001

@@ -102,6 +102,7 @@ class RankRecord:
     setup_error: str | None = None
     broken: str | None = None                           # what broke the grader's code inside the rank, after "ready"
     unread: bool = False                                # stopped: it left more than MAX_UNREAD of answers unread
+    out_of_memory: bool = False                         # the grader's code inside it ran out of memory (its limit)
     done: bool = False                                  # sent everything it will send
     exit: dict | None = None                            # {"code": n} or {"signal": n}
     output: bytearray = field(default_factory=bytearray)
@@ -194,15 +195,17 @@ class Runner:
         self.start(early[1:] if early is not None else None)
 
     # -- zygote -------------------------------------------------------------------------------
-    def start(self, started=None) -> None:
+    def start(self, started=None, cold: bool = False) -> None:
         """Start the zygote without waiting for it: its torch import overlaps the supervisor's work.
-        `started`: (process, socket) of one launch.prestart() began (a process, or a launch.Forked)."""
+        `started`: (process, socket) of one launch.prestart() began (a process, or a launch.Forked).
+        `cold`: never a template's fork (the template would not or could not fork one)."""
         if self.proc is not None and self.proc.poll() is None:
             return
         if self.proc is not None:   # a zygote that died: reaped, and its socket closed
             launch.stop_zygote(self.proc)
             self.conn.close()
-        self.proc, self.conn = started if started is not None else launch.zygote(self.base, self.python)
+        self.proc, self.conn = started if started is not None else \
+            launch.start_zygote(self.base, self.python, template=not cold)
         self.hello = None
 
     def _ready(self) -> dict:
@@ -212,10 +215,10 @@ class Runner:
                 data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
             except (socket.timeout, OSError) as err:
                 raise GraderError(f"zygote did not start: {err}; see {self.base / 'zygote.log'}") from err
-            if not data and isinstance(self.proc, launch.Forked):  # the batch's template is gone: start cold
+            if not data and isinstance(self.proc, launch.Forked):  # no template forked one: start cold
                 self.conn.close()
                 self.proc = None
-                self.start()
+                self.start(cold=True)
                 return self._ready()
             if not data:
                 raise GraderError(f"zygote exited at start-up; see {self.base / 'zygote.log'}: "
@@ -577,6 +580,10 @@ class Runner:
                         record.snapshot[name] = wire.value(v, blobs)
         elif kind == "ready":
             record.ready = True
+        elif kind == "memory":   # the rank ends now (channel.Channel.out_of_memory)
+            record.out_of_memory = True
+            if run.failfast_at is None:
+                run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
         elif kind == "note":
             if len(record.notes) < 64:
                 record.notes.append(str(header.get("what"))[:2000])

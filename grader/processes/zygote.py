@@ -2,7 +2,8 @@
 
     python -m grader.processes.zygote FD BASE        (started by runner.Runner or launch.prestart; FD is a
                                                       SOCK_SEQPACKET to the supervisor, BASE its runs' folder)
-    python -m grader.processes.zygote FD BASE --template  (a batch's template: forks a zygote per worker, on request)
+    python -m grader.processes.zygote FD BASE --template [LISTEN]  (a template: forks a zygote per grader
+                                                      process, on request; LISTEN: a session's datagram socket)
 
 Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
 milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang; a run's store
@@ -20,6 +21,7 @@ import gc
 import importlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -398,9 +400,7 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
     # Huge pages cost ~0.1 s once and save ~3 ms per process: a batch worker's zygote (forked from the
     # template) serves hundreds of runs, a single grade about 4: a cold zygote waits until it has served some.
-    served = 0
-    if forked:
-        _huge_pages()
+    served = 0   # (a template's fork shares the template's huge pages)
     for data, fds in _requests(conn, 64):
         req = json.loads(data)
         _preload(req.get("preload") or ())
@@ -450,44 +450,67 @@ def _requests(conn: socket.socket, max_fds: int):
         yield data, fds
 
 
-def _template(conn: socket.socket) -> tuple[socket.socket, str] | None:
-    """A batch's template: it has imported (above) and never serves runs. For each request {"t": "spawn",
-    "base"} with a worker's socket attached, it forks a zygote for that worker. Returns in that fork (the
-    worker's socket and folder); returns None in the template once every holder has closed its socket."""
+def _template(conn: socket.socket, listen: socket.socket | None = None) -> tuple[socket.socket, str] | None:
+    """A template: it has imported (above) and never serves runs. For each request {"t": "spawn", "base",
+    "python", "root"} with a grader process's socket attached, it forks a zygote for that process. Requests
+    come on `conn` (a batch's workers inherit its other end) and, for a session's template, as datagrams
+    on `listen` (launch.serve_template). Returns in that fork (the socket and the folder); returns None in the
+    template once every holder of `conn` has closed it."""
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
-    for data, fds in _requests(conn, 1):
-        try:
-            base = json.loads(data)["base"]
-        except (ValueError, KeyError, TypeError):
-            base = None
-        if not isinstance(base, str) or len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            continue
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-            os.setsid()
-            conn.close()
-            try:  # its own log, where the worker's Runner looks for it
-                log = os.open(os.path.join(base, "zygote.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
-                os.close(log)
-            except OSError:
-                pass
-            return socket.socket(fileno=fds[0]), base
+    _huge_pages()   # once, here: every fork shares them
+    sources = [conn] if listen is None else [conn, listen]
+    while True:
+        for source in select.select(sources, [], [])[0]:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(source, 1 << 16, 1)
+            except (InterruptedError, BlockingIOError):
+                continue
+            if source is conn and not data:
+                return None
+            spawned = _spawn(data, fds, sources)
+            if spawned is not None:
+                return spawned
+
+
+def _spawn(data: bytes, fds: list[int], sources) -> tuple[socket.socket, str] | None:
+    """Fork a zygote for one request; in the fork: (its socket, its folder). A request for another
+    interpreter or checkout gets no fork: its socket is closed, and its sender starts a zygote cold."""
+    try:
+        req = json.loads(data)
+        base = req["base"]
+        same = req.get("python", sys.executable) == sys.executable and req.get("root", CHECKOUT) == CHECKOUT
+    except (ValueError, KeyError, TypeError, AttributeError):
+        base, same = None, False
+    if not isinstance(base, str) or len(fds) != 1 or not same:
+        for fd in fds:
+            os.close(fd)
+        return None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        os.close(fds[0])
+        os.setsid()
+        for source in sources:
+            source.close()
+        try:  # its own log, where the worker's Runner looks for it
+            log = os.open(os.path.join(base, "zygote.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.close(log)
+        except OSError:
+            pass
+        return socket.socket(fileno=fds[0]), base
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    os.close(fds[0])
     return None
 
 
 def main() -> None:
     conn, base, forked = socket.socket(fileno=int(sys.argv[1])), sys.argv[2], False
-    if sys.argv[3:] == ["--template"]:   # BASE holds its log only
-        spawned = _template(conn)
+    if sys.argv[3:4] == ["--template"]:   # BASE holds its log only; a session's template: its socket's fd
+        listen = socket.socket(fileno=int(sys.argv[4])) if sys.argv[4:] else None
+        spawned = _template(conn, listen)
         if spawned is None:
             os._exit(0)
         (conn, base), forked = spawned, True

@@ -88,6 +88,8 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
                 return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
             return Outcome.EXCEPTION, Note("fail.exception", {"rank": r, **error_params(error)})
         return None
+    if record.out_of_memory:   # the rank's memory limit left the grader's code inside it no room
+        return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
     if run.stop == "output_limit" and run.stop_rank == r:
         return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
     if run.stop == "traffic_limit" and run.stop_rank == r:
