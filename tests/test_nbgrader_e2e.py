@@ -30,7 +30,7 @@ from grader.exercise import registry
 from grader.model import CheckResult, Outcome
 from grader.feedback.render import title
 
-from conftest import FIXTURES, PY, ROOT
+from conftest import FIXTURES, NO_IRI_FORMAT, PY, ROOT
 
 A = "dist_primitives"
 CLASS = FIXTURES / "notebooks" / "class"
@@ -57,7 +57,8 @@ def course_env(course: Path) -> dict:
 
 
 def nbgrader(course: Path, *args: str, timeout: float = 120) -> str:
-    proc = subprocess.Popen([PY, "-m", "nbgrader", *args], cwd=course, env=course_env(course),
+    main = f"{NO_IRI_FORMAT}; from nbgrader.apps.nbgraderapp import main; main()"   # `python -m nbgrader`
+    proc = subprocess.Popen([PY, "-c", main, *args], cwd=course, env=course_env(course),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
