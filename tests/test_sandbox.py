@@ -142,10 +142,10 @@ def test_total_memory_of_all_ranks_is_capped(tmp_path):
         pytest.fail("this machine has no writable cgroup v1 memory controller; the test needs one")
     results = tmp_path / "r.json"
     proc = run_cli("grade", str(SANDBOX / "memory_toucher.py"), "--results", str(results), "--lang", "en",
-                   "--memory-mb", "16384", "--memory-total-mb", "1500", "--time-limit", "20")
+                   "--memory-mb", "16384", "--memory-total-mb", "800", "--time-limit", "20")
     data = json.loads(results.read_text())
     assert outcomes(data)["ws2.all_gather"] == "memory_limit", proc.stdout
-    assert "memory cgroup (1500 MiB for all ranks)" in proc.stdout
+    assert "memory cgroup (800 MiB for all ranks)" in proc.stdout
     assert data["score"] <= 55
 
 
@@ -254,8 +254,11 @@ def test_hostile_class_through_batch(tmp_path):
     for cheat in ("c02_patch_comparisons", "c03_tensor_subclass", "c04_fake_output"):
         shutil.copy(FIXTURES / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
     out = tmp_path / "out"
+    # 1280 MiB per rank (a real-backend rank of honest code peaks near 900 MiB of address space): the memory
+    # toucher, which writes every page it gets, reaches its limit within the time limit, and the class spends
+    # a third of the CPU on it that the default 2 GiB would
     proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "4",
-                                           "--lang", "en", timeout=170)
+                                           "--memory-mb", "1280", "--lang", "en", timeout=170)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = {
         "honest_a": ("pass", 100), "honest_b": ("pass", 100), "daemon_overwrite": ("pass", 100),

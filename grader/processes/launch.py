@@ -131,7 +131,9 @@ def serve_template() -> str:
     its socket's path, in a folder of mode 700. It ends with this process, or with stop_serving."""
     global _SESSION
     if _SESSION is None:
-        folder = tempfile.mkdtemp(prefix="grader-template-")   # mode 700: only this uid reaches the socket
+        # mode 700: only this uid reaches the socket; named like a supervisor's folder, so that a later grader
+        # sweeps it away if this process dies without removing it (runner._sweep_stale_bases)
+        folder = tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-template-")
         path = os.path.join(folder, "socket")
         listen = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
