@@ -236,6 +236,7 @@ def test_a_worker_whose_template_died_starts_its_own_zygote(monkeypatch):
 def test_a_session_template_serves_every_grader_process_of_its_user(session_template, tmp_path):
     """GRADER_TEMPLATE_SOCKET (tests/conftest.py sets it): a Runner's zygote is a fork of the session's
     template; a batch started under it makes no template of its own; the socket is out of other users' reach."""
+    assert session_template is not None, "the session's template did not start (tests/conftest.py)"
     template = launch._SESSION[1]
     assert os.environ[launch.TEMPLATE_SOCKET_ENV] == session_template
     assert os.stat(os.path.dirname(session_template)).st_mode & 0o777 == 0o700
@@ -269,6 +270,7 @@ def test_a_session_template_serves_every_grader_process_of_its_user(session_temp
 def test_a_template_forks_only_for_its_own_interpreter_and_checkout(session_template, monkeypatch, tmp_path):
     """A request from another interpreter or checkout gets its socket closed, unanswered; a Runner whose
     template will not or cannot fork (or whose socket is gone) starts its zygote cold and grades."""
+    assert session_template is not None, "the session's template did not start (tests/conftest.py)"
     for other in ({"python": "/usr/bin/python3"}, {"root": str(tmp_path)}, {"base": 7}):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         request = {"t": "spawn", "base": str(tmp_path), "python": PY, "root": str(ROOT), **other}
