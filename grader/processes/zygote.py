@@ -398,9 +398,10 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     else:
         conn.send(hello)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
-    # Huge pages cost ~0.1 s once and save ~3 ms per process: a batch worker's zygote (forked from the
-    # template) serves hundreds of runs, a single grade about 4: a cold zygote waits until it has served some.
-    served = 0   # (a template's fork shares the template's huge pages)
+    # Huge pages cost ~0.1 s once and save ~3 ms per process. A template's fork shares the ones the template
+    # made before forking it (_template); a cold zygote, whose `grade` makes about 4 runs, makes its own only
+    # once it has served more than that.
+    served = 0
     for data, fds in _requests(conn, 64):
         req = json.loads(data)
         _preload(req.get("preload") or ())
