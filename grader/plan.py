@@ -4,7 +4,8 @@ Every graded run goes through the switch (processes/runner.py, switch/). Per wor
   round 1   a perturbed run (what the quantities come through, and what the exercise forbids, perturbed);
             it alone proves an honest submission's values (Judge.proven), so nothing more is needed;
   round 2   the clean run of every world size the perturbed run did not prove: what the code really
-            computes, for the verdict and its causes;
+            computes, for the verdict and its causes (none where the perturbed run delivered nothing to any
+            rank: the perturbation never reached the code, so that run is the clean one, Judge.untouched);
   round 3   (rare) a run perturbing only the operations of a quantity that rounds 1-2 could not observe (an
             honest assert fired before it was computed).
 Code that asserts its own values (the chapter's reference does) fails its perturbed runs by design, so its
@@ -98,6 +99,9 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     for ws in early:
         if runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]) and (real_at is not None or ws not in visible):
             runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
+    for entry in runs.values():
+        if entry.clean is None and not judge.proven(entry.perturbed[0]) and judge.untouched(entry.perturbed[0]):
+            entry.clean = entry.perturbed[0]   # what a clean run would repeat: nothing was delivered
     second = [request(ws, (), "clean") for ws, entry in runs.items()
               if entry.clean is None and not judge.proven(entry.perturbed[0])]
     for outcome in runner.run_many(second, parallel=parallel) if second else []:

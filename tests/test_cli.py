@@ -181,3 +181,30 @@ def test_a_sound_file_for_no_known_exercise_is_a_usage_error(tmp_path):
                     "def local_gradient(r):\n    return r\n\ndef initial_parameters():\n    return 0\n")
     proc = run_cli("check", str(path), "--lang", "en", "--exercise", "no_such_exercise")
     assert proc.returncode == 2 and proc.stdout.splitlines()[1].startswith("There is no exercise called no_such_exercise")
+
+
+def run_labels(results: dict) -> list[tuple[int, str]]:
+    return [(run["world_size"], run["label"]) for run in results["extra_data"]["runs"]]
+
+
+@pytest.mark.timeout(120)
+def test_a_perturbed_run_that_delivered_nothing_is_its_world_sizes_clean_run(tmp_path):
+    """The stub raises before its first operation, and carol sleeps before hers until the time limit: the
+    switch delivered nothing to any rank, so the perturbation never reached their code and no clean run
+    repeats them (plan.py, Judge.untouched); their verdicts are a clean run's. A mistake whose operations
+    delivered (summed, not averaged) still gets the clean runs that say what the code computes."""
+    def grade(path, *extra):
+        results = tmp_path / f"{path.stem}.json"
+        proc = run_cli("grade", str(path), "--results", str(results), "--lang", "en", *extra)
+        return json.loads(results.read_text()), proc.stdout
+
+    stub, text = grade(ROOT / "assignments" / "dist_primitives" / "dist_primitives.py")
+    assert run_labels(stub) == [(2, "perturbed"), (3, "perturbed"), (4, "perturbed")]
+    assert stub["score"] == 0 and "Rank 0: your code raised NotImplementedError" in text, text
+    hang, text = grade(FIXTURES / "notebooks" / "class" / "carol.py", "--time-limit", "2")
+    assert run_labels(hang) == [(2, "perturbed"), (3, "perturbed"), (4, "perturbed")]
+    assert {run["stop"] for run in hang["extra_data"]["runs"]} == {"timeout"} and hang["score"] == 0
+    assert "Time limit: rank 0 never finished, outside any communication" in text, text
+    summed, _ = grade(FIXTURES / "batch" / "summed.py")
+    assert {label for _, label in run_labels(summed)} >= {"perturbed", "clean"}
+    assert {ws for ws, label in run_labels(summed) if label == "clean"} == {2, 3, 4}

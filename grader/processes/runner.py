@@ -31,12 +31,13 @@ from .. import wire
 from ..switch import MAX_OPS, MAX_OUTPUT, Call, ProtocolError, Switch, TrafficLimit
 from . import launch
 from .launch import BASE_PREFIX
-from .sandbox import Limits, MemoryCgroup, claim_uid_block, count_processes, default_total_mb, uid_range
+from .sandbox import Limits, MemoryCgroup, claim_uid_block, default_total_mb, processes_by_uid, uid_budget, uid_range
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report (less if they cannot move)
 DEADLOCK_GRACE_S = 0.25  # every live rank waits on an operation the switch cannot complete, nothing arrives
 STOP_GRACE_S = 3.0       # SIGTERM to the run's leader (its pid 1, or the leader above it), then SIGKILL
-PROCESS_CHECK_S = 0.5    # how often a run's processes are counted (a fork bomb stops within about this)
+PROCESS_CHECK_S = 0.1    # how often a run's processes are counted (one walk of /proc serves every run in flight:
+#                          Runner._processes): a fork bomb's processes spin on every core until it is counted
 MAX_REPORTS = 128 << 20  # what one rank may send besides its operations: answers (values.BUDGET_BYTES), snapshots
 #                          (values.SNAPSHOT_BYTES) and the frames around them (MAX_OPS snapshots at most)
 MAX_SNAPSHOT_NAMES = 512  # locals a rank's snapshot keeps (the entry function's, as it enters an operation)
@@ -167,6 +168,12 @@ class _Run:
             self.outcome.stop, self.outcome.stop_rank = reason, rank
 
 
+def _bomb_threshold(run: _Run) -> int:
+    """Processes of one uid that make a fork bomb: half its budget, which is every rank's that shares the uid
+    (one uid for all the ranks of a real NCCL run: sandbox.uid_budget)."""
+    return uid_budget(run.limits, run.uids) // 2
+
+
 class Runner:
     """Owns the zygote and every run's processes. Reuse one Runner for many submissions."""
 
@@ -184,6 +191,7 @@ class Runner:
         self.base = early[0] if early is not None else launch.new_base()
         self._ids = 0
         self._sel = None
+        self._process_counts: tuple[float | None, dict] = (None, {})   # (when, {uid: processes}): _processes
         # Rank uids: a block of this process's own (no other live grader, batch workers included, holds it),
         # and a new uid from it for every run, never reused while this Runner lives (up to UID_BLOCK runs).
         self.uid_block, self._uid_claim = claim_uid_block() if sandbox and os.geteuid() == 0 else (None, None)
@@ -623,6 +631,8 @@ class Runner:
 
     def _next_deadline(self, run: _Run) -> float:
         times = [run.started + run.limits.wall_s]
+        if run.uids is not None and run.stopping_since is None:
+            times.append(run.processes_checked + PROCESS_CHECK_S)
         if self._stuck(run):
             times.append(run.last_progress + DEADLOCK_GRACE_S)
         if run.failfast_at is not None:
@@ -656,17 +666,25 @@ class Runner:
             self._stop(run)
 
     def _fork_bomb(self, run: _Run, now: float) -> bool:
-        """Half the uid's process budget in processes (not threads): a fork bomb. Counted twice a second, so
-        it stops in about a second instead of spinning until the time limit (root mode only: the count is by
-        the run's own uids)."""
+        """Half a uid's process budget in processes (not threads): a fork bomb. Counted every PROCESS_CHECK_S,
+        so it stops in well under a second instead of spinning until the time limit (root mode only: the
+        count is by the run's own uids)."""
         if run.uids is None or now - run.processes_checked < PROCESS_CHECK_S:
             return False
         run.processes_checked = now
-        count = max(count_processes(uid) for uid in set(run.uids))
-        if count < run.limits.processes // 2:
+        count = self._processes(run.uids, now)
+        if count < _bomb_threshold(run):
             return False
         run.outcome.processes, run.outcome.process_limit_hit = count, True
         return True
+
+    def _processes(self, uids, now: float | None = None) -> int:
+        """The most processes any of `uids` has now. One walk of /proc serves every run policed at the same
+        moment (`now`); None: walk it afresh."""
+        if now is None or self._process_counts[0] != now:
+            self._process_counts = (now, processes_by_uid())
+        counts = self._process_counts[1]
+        return max((counts.get(uid, 0) for uid in set(uids)), default=0)
 
     @staticmethod
     def _stuck(run: _Run) -> bool:
@@ -678,8 +696,8 @@ class Runner:
             run.stopping_since = time.monotonic()
             run.outcome.elapsed = run.stopping_since - run.started
             if run.uids is not None and run.outcome.stop not in ("completed", "process_limit", "cancelled"):
-                run.outcome.processes = max(count_processes(uid) for uid in set(run.uids))
-                run.outcome.process_limit_hit = run.outcome.processes >= run.limits.processes // 2
+                run.outcome.processes = self._processes(run.uids)
+                run.outcome.process_limit_hit = run.outcome.processes >= _bomb_threshold(run)
             self._kill(run, signal.SIGTERM)
 
     def _kill(self, run: _Run, sig: int) -> None:

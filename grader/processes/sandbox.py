@@ -70,7 +70,9 @@ class Limits:
     cpu_s: int = 20               # CPU seconds per rank
     file_mb: int = 16             # largest file a rank may write
     open_files: int = 256
-    processes: int = 64           # processes and threads of one run's uid (a gloo rank uses ~4)
+    processes: int = 32           # processes and threads of one rank's uid (a gloo rank uses ~4, one that runs
+    #                               torch.compile's g++ ~10). A fork bomb fills it: each of its processes is a
+    #                               copy of a torch-sized rank, and hundreds of them take the kernel seconds to end
     output_keep_kb: int = 64      # output kept per rank; the rest is counted and dropped
     output_max_mb: int = 8        # past this much output from one rank, the run is stopped
     tmp_mb: int = 64              # the run's /tmp (a tmpfs, shared by its ranks; also /var/tmp and /dev/shm)
@@ -541,7 +543,7 @@ def enter_root(target: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # Rank: limits, then identity
 
-def apply_limits(limits: Limits, uid_limits: bool, address_space: bool = True) -> None:
+def apply_limits(limits: Limits, uid_limits: bool, address_space: bool = True, processes: int | None = None) -> None:
     """Per-rank rlimits. `address_space` is off for CUDA ranks: a CUDA context reserves tens of GiB of
     virtual addresses, so RLIMIT_AS would stop the driver rather than the student."""
     def cap(which, value):
@@ -556,20 +558,29 @@ def apply_limits(limits: Limits, uid_limits: bool, address_space: bool = True) -
     cap(resource.RLIMIT_NOFILE, limits.open_files)
     cap(resource.RLIMIT_CORE, 0)
     if uid_limits:  # RLIMIT_NPROC counts every process of the uid: only meaningful for a uid of our own
-        cap(resource.RLIMIT_NPROC, limits.processes)
+        cap(resource.RLIMIT_NPROC, limits.processes if processes is None else processes)
 
 
-def count_processes(uid: int) -> int:
-    """Processes (not threads) of `uid` alive now: tells a fork bomb from a plain endless loop."""
-    count = 0
+def uid_budget(limits: Limits, uids) -> int:
+    """RLIMIT_NPROC of a rank: `limits.processes` for each rank that has the uid (the ranks of a real NCCL run
+    share one, for their shared memory)."""
+    if not uids:
+        return limits.processes
+    return limits.processes * max(list(uids).count(uid) for uid in set(uids))
+
+
+def processes_by_uid() -> dict[int, int]:
+    """{uid: processes (not threads) alive now}, from one walk of /proc (~0.2 ms for a few hundred): tells a
+    fork bomb from a plain endless loop."""
+    counts: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
-                if entry.stat().st_uid == uid:
-                    count += 1
+                uid = entry.stat().st_uid
             except OSError:
-                pass
-    return count
+                continue
+            counts[uid] = counts.get(uid, 0) + 1
+    return counts
 
 
 def uid_range(block: int) -> tuple[int, int]:

@@ -133,6 +133,16 @@ class Judge:
                     return False
         return True
 
+    @staticmethod
+    def untouched(run: RunOutcome) -> bool:
+        """No operation of this perturbed run delivered anything to any rank before the run ended (a stub's
+        NotImplementedError, a load error, a hang or a deadlock before the first delivery). The perturbation
+        is only ever in what the switch delivers, and a rank cannot tell a perturbed run from a clean one
+        otherwise (its spec is the same), so the code ran as it would in the clean run: this run serves as
+        that world size's clean run."""
+        return run.stop != "grader_error" and bool(run.ranks) and \
+            not any(call.completed and call.receives for record in run.ranks for call in record.calls)
+
     def unobserved(self, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
         """Operations to perturb alone, for quantities whose clean value is right but which no perturbed
         run could observe (an honest assert stopped it before the value was computed)."""
@@ -413,7 +423,7 @@ class Judge:
         whole run; in another, the ranks whose value of `quantity` the run proved. Runs the grader could
         not complete are left out."""
         out = []
-        for run in ([runs.clean] if runs.clean is not None else []) + list(runs.perturbed):
+        for run in ([runs.clean] if runs.clean is not None else []) + [p for p in runs.perturbed if p is not runs.clean]:
             if run.stop == "grader_error":
                 continue
             n = run.request.world_size
