@@ -12,10 +12,17 @@ STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 venv: $(STAMP)
 
+# pip byte-compiles what it installs on one core; here compileall does it on both, torch's while pip installs
+# the rest (about 70 s -> 53 s for a new venv). A file that does not compile (some packages ship Python 2
+# examples) is skipped, as pip skips it.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation -e ".[test]"
+	$(BIN)/pip install -q --no-compile torch==2.13.0
+	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+	$(BIN)/python -m compileall -qq -j 2 "$$site/torch" & compiling=$$!; \
+	$(BIN)/pip install -q --no-compile --no-build-isolation -e ".[test]" || { kill $$compiling; exit 1; }; \
+	wait $$compiling; \
+	$(BIN)/python -m compileall -qq -j 2 "$$site" || true
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 grade: $(STAMP)
