@@ -114,7 +114,7 @@ def grade(tmp_path):
 
 
 # The files that take longest go to the workers first, longest first (measured: `--durations=0`, summed per
-# file), so that the two workers finish together instead of one running the last big file alone.
+# file), so that the workers finish together instead of one running the last big file alone.
 # --dist loadfile hands out files in collection order once xdist's own reordering (by number of tests) is
 # off (--no-loadscope-reorder, pyproject.toml). test_causes.py goes last: it reads the batches that the
 # exercises' own files grade (conftest.graded_folder), which by then exist.
