@@ -326,9 +326,10 @@ def _huge_pages() -> None:
     where the kernel can (MADV_COLLAPSE). A fork then copies one page-table entry per 2 MiB instead of 512,
     and unmaps as few at exit: each process of a run (leader, pid 1, every rank) is cheaper to start and to
     end (measured: 11 -> 8 ms of CPU per fork and exit of a rank-like child; 5.8 -> 3.2 ms for a bare one).
-    A child's write still copies 4 KiB: the kernel splits a shared huge mapping on write. The regions are
-    not marked MADV_HUGEPAGE, so what a rank allocates later is not backed by huge pages. Where the kernel
-    cannot (older than 6.1, THP off), nothing changes."""
+    A child's write still copies 4 KiB: the kernel splits a shared huge mapping on write. Most of the heap is
+    in huge pages already when this runs (launch.HUGE_HEAP_TUNABLE: glibc's malloc marks what it grows
+    MADV_HUGEPAGE, in a rank too), so this collapses the rest in ~20 ms (~0.4 s without the tunable). Where
+    the kernel cannot (older than 6.1, THP off), nothing changes."""
     import ctypes
     gc.freeze()   # what it holds now is what the forks share
     madvise = ctypes.CDLL(None, use_errno=True).madvise
@@ -399,9 +400,9 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     else:
         conn.send(hello)
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
-    # Huge pages cost ~0.1 s once and save ~3 ms per process. A template's fork shares the ones the template
-    # made before forking it (_template); a cold zygote, whose `grade` makes about 4 runs, makes its own only
-    # once it has served more than that.
+    # Collapsing what malloc left in 4 KiB pages saves ~3 ms per process. A template's fork shares what the
+    # template collapsed before forking it (_template); a cold zygote, whose `grade` makes about 4 runs,
+    # collapses its own only once it has served more than that.
     served = 0
     for data, fds in _requests(conn, 64):
         req = json.loads(data)
