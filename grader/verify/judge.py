@@ -139,8 +139,9 @@ class Judge:
         NotImplementedError, a load error, a hang or a deadlock before the first delivery). The perturbation
         is only ever in what the switch delivers, and a rank cannot tell a perturbed run from a clean one
         otherwise (its spec is the same), so the code ran as it would in the clean run: this run serves as
-        that world size's clean run."""
-        return run.stop != "grader_error" and bool(run.ranks) and \
+        that world size's clean run. Only where every rank got as far as the student's code: a rank that failed
+        while the grader set it up gets its clean run, a second chance."""
+        return run.stop != "grader_error" and bool(run.ranks) and all(record.ready for record in run.ranks) and \
             not any(call.completed and call.receives for record in run.ranks for call in record.calls)
 
     def unobserved(self, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
