@@ -106,8 +106,8 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.checks.append(judge.evaluate(check, runs[check.world_size]))
     judge.overrule_static(result.checks, runs)
     judge.real_backend(result.checks, runs)
-    made = [run for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed, ws_runs.real) if run is not None]
-    result.runs = [_run_summary(run) for i, run in enumerate(made) if all(run is not other for other in made[:i])]
+    result.runs = [_run_summary(run) for ws_runs in runs.values()
+                   for run in ws_runs.switch_runs + ([ws_runs.real] if ws_runs.real is not None else [])]
     visible = exercise.visible_world_sizes
     if visible and visible[0] in runs:
         ws_runs = runs[visible[0]]

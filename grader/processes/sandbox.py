@@ -543,9 +543,11 @@ def enter_root(target: str) -> None:
 # ------------------------------------------------------------------------------------------------
 # Rank: limits, then identity
 
-def apply_limits(limits: Limits, uid_limits: bool, address_space: bool = True, processes: int | None = None) -> None:
-    """Per-rank rlimits. `address_space` is off for CUDA ranks: a CUDA context reserves tens of GiB of
-    virtual addresses, so RLIMIT_AS would stop the driver rather than the student."""
+def apply_limits(limits: Limits, processes: int | None, address_space: bool = True) -> None:
+    """Per-rank rlimits. `processes`: RLIMIT_NPROC, for a uid of the grader's own (uid_budget); None for any
+    other uid (the limit counts every process of the uid). `address_space` is off for CUDA ranks: a CUDA
+    context reserves tens of GiB of virtual addresses, so RLIMIT_AS would stop the driver rather than the
+    student."""
     def cap(which, value):
         soft, hard = resource.getrlimit(which)
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
@@ -557,8 +559,8 @@ def apply_limits(limits: Limits, uid_limits: bool, address_space: bool = True, p
     cap(resource.RLIMIT_FSIZE, limits.file_mb << 20)
     cap(resource.RLIMIT_NOFILE, limits.open_files)
     cap(resource.RLIMIT_CORE, 0)
-    if uid_limits:  # RLIMIT_NPROC counts every process of the uid: only meaningful for a uid of our own
-        cap(resource.RLIMIT_NPROC, limits.processes if processes is None else processes)
+    if processes is not None:
+        cap(resource.RLIMIT_NPROC, processes)
 
 
 def uid_budget(limits: Limits, uids) -> int:

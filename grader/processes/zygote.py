@@ -178,8 +178,8 @@ def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
         elif req["namespaces"]:   # a real-backend run: the network shared, files not
             sandbox.isolate_files(limits.tmp_mb, shm=not req["cuda"], code=_CODE)
         uid = req["uids"][r] if req.get("uids") else None
-        sandbox.apply_limits(limits, uid_limits=uid is not None, address_space=not req["cuda"],
-                             processes=sandbox.uid_budget(limits, req.get("uids")))
+        sandbox.apply_limits(limits, None if uid is None else sandbox.uid_budget(limits, req["uids"]),
+                             address_space=not req["cuda"])
         if uid is not None:
             sandbox.drop_privileges(uid)
         if req.get("seccomp"):

@@ -35,6 +35,12 @@ class WorldSizeRuns:
     perturbed: list[RunOutcome] = field(default_factory=list)  # every perturbed op first, then single ones
     real: RunOutcome | None = None           # the real-backend run (the visible world size), when one was made
 
+    @property
+    def switch_runs(self) -> list[RunOutcome]:
+        """The clean run first (when there is one), then the perturbed runs, each run once: a perturbed run
+        that delivered nothing is the clean run too (Judge.untouched)."""
+        return ([self.clean] if self.clean is not None else []) + [p for p in self.perturbed if p is not self.clean]
+
 
 class Judge:
     """Decides an exercise's runtime checks; caches proofs (one per run, quantity and rank)."""
@@ -424,7 +430,7 @@ class Judge:
         whole run; in another, the ranks whose value of `quantity` the run proved. Runs the grader could
         not complete are left out."""
         out = []
-        for run in ([runs.clean] if runs.clean is not None else []) + [p for p in runs.perturbed if p is not runs.clean]:
+        for run in runs.switch_runs:
             if run.stop == "grader_error":
                 continue
             n = run.request.world_size
@@ -496,7 +502,7 @@ class Judge:
             spec = result.spec
             if spec.kind != "static" or not spec.forbid or not result.passed:
                 continue
-            used = next((c for ws_runs in runs.values() for run in (ws_runs.clean, *ws_runs.perturbed) if run is not None
+            used = next((c for ws_runs in runs.values() for run in ws_runs.switch_runs
                          for record in run.ranks for c in record.calls if c.op in spec.forbid), None)
             if used is not None:
                 results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
@@ -508,8 +514,8 @@ class Judge:
         """The first call of `op` in a graded switch run where every rank completed one from its code (not
         from the module's top level), or None."""
         for ws_runs in runs.values():
-            for run in (ws_runs.clean, *ws_runs.perturbed):
-                if run is None or run.stop == "grader_error" or not run.ranks:
+            for run in ws_runs.switch_runs:
+                if run.stop == "grader_error" or not run.ranks:
                     continue
                 found = [next((c for c in rec.calls if c.op == op and c.completed and c.ok and c.function != "<module>"), None)
                          for rec in run.ranks]
