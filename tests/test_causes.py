@@ -43,7 +43,7 @@ def emittable() -> set[str]:
 
 # folder -> (feedback language, options): the gradings the exercise's own test files make, shared with them
 # (conftest.graded_folder); the causes are keys, whatever the language
-GRADINGS = {"honest": ("en", ()), "mistakes": ("en", ("--time-limit", "4")), "ring_allreduce/honest": ("en", ()),
+GRADINGS = {"honest": ("en", ()), "mistakes": ("en", ("--time-limit", "2")), "ring_allreduce/honest": ("en", ()),
             "ring_allreduce/mistakes": ("en", ()), "zero_sharded_step": ("zh", ()),
             **{folder: ("zh", ()) for folder in FOLDERS if folder.split("/")[0] in
                ("grad_accum_no_sync", "fp16_allreduce", "hierarchical_allreduce")}}

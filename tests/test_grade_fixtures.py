@@ -194,10 +194,10 @@ def test_mistakes_score_and_are_named(lang, batch):
     """Every mistake in English; in Chinese, a sample covering the kinds of feedback (the same code
     renders both: tests/test_teach_messages.py checks the catalog itself)."""
     if lang == "en":
-        graded = batch("mistakes", lang, "--time-limit", "4")
+        graded = batch("mistakes", lang, "--time-limit", "2")
         assert sorted(graded) == sorted(BY_NAME) == sorted(p.stem for p in (FIXTURES / "mistakes").glob("*.py"))
     else:
-        graded = batch("mistakes", lang, "--time-limit", "4", only=ZH_SAMPLE)
+        graded = batch("mistakes", lang, "--time-limit", "2", only=ZH_SAMPLE)
     for name, score, expected, messages in [m for m in MISTAKES if m[0] in graded]:
         results = graded[name]
         assert (results["score"], failing(results)) == (score, expected), name
@@ -215,7 +215,7 @@ def test_mistakes_score_and_are_named(lang, batch):
 def test_visible_notes_show_the_clean_runs_values(batch):
     """The tracer works on a perturbed run; the numbers a student reads are the clean run's, what the code
     computes (m22's gradient is right: 1.5 at 2 ranks, not 1.5 plus the grader's deltas)."""
-    results = batch("mistakes", "en", "--time-limit", "4")["m22_gather_then_sum"]
+    results = batch("mistakes", "en", "--time-limit", "2")["m22_gather_then_sum"]
     test = next(t for t in results["tests"] if t["name"] == "Gradient averaged with all_reduce (2 ranks)")
     assert render("why.not_delivered_value", {"rank": 0, "quantity": "gradient", "element": 0, "value": 1.5,
                                               "ops": ["all_reduce"]}, "en") in test["output"], test["output"]

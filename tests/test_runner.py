@@ -14,7 +14,6 @@ import pytest
 
 from conftest import FIXTURES, PY, ROOT
 from grader.processes import launch
-from grader.processes.zygote import COLLAPSE_AFTER_RUNS
 from grader.processes.runner import Runner, RunRequest
 from grader.processes.sandbox import Limits
 
@@ -128,6 +127,7 @@ def _thp_available() -> bool:
 def test_the_zygote_heap_is_backed_by_huge_pages_where_the_kernel_can(runner):
     """Every process of a run is a fork of the zygote: with its ~150 MB heap on 2 MiB pages, a fork copies
     and an exit unmaps 512 times fewer page-table entries (about a fifth of an honest student's CPU)."""
+    from grader.processes.zygote import COLLAPSE_AFTER_RUNS   # here, not at collection: it imports torch
     outs = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py")] * (COLLAPSE_AFTER_RUNS + 1))
     assert all(out.stop == "completed" for out in outs)     # a cold zygote's heap is collapsed by now
     rollup = Path(f"/proc/{runner.hello['pid']}/smaps_rollup").read_text()
