@@ -5,26 +5,30 @@ untouched release, a few partial answers, and a class of four that comes through
 generate_feedback and export once.
 
 Every nbgrader command runs as a child process in its own session, killed by process group when it
-overruns; kernels run the venv's python (jupyter_client turns the `python3` kernelspec's `python` into
-sys.executable), with this checkout on PYTHONPATH.
+overruns, with this checkout on PYTHONPATH. nbclient's kernel is ipykernel's own `python3` (jupyter_client
+turns its `python` into sys.executable); nbgrader's are the same ipykernel, forked from one warm interpreter
+of the venv (warm_kernels: tests/tools/warm_kernel.py), so that the autograde's 16 notebooks import torch
+once between them.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
-from nbgrader.api import Gradebook
 
 from grader.exercise import registry
 from grader.model import CheckResult, Outcome
@@ -53,7 +57,44 @@ def course_env(course: Path) -> dict:
         GRADER_LANG="en", PYTHONWARNINGS="ignore",
         GRADER_TIME_LIMIT="5",   # carol's hang ends sooner (still well inside nbgrader's cell timeout)
     )
+    if (course / WARM).is_dir():   # nbgrader's kernels: forks of one warm interpreter (warm_kernels below)
+        env["JUPYTER_PATH"] = str(course / WARM) + (os.pathsep + env["JUPYTER_PATH"] if env.get("JUPYTER_PATH") else "")
     return env
+
+
+WARM = ".warm-kernels"
+
+
+@contextlib.contextmanager
+def warm_kernels(course: Path):
+    """While it lasts, every kernel an nbgrader command of this course starts is a fork of one interpreter
+    that has imported torch, ipykernel and nbcheck (tests/tools/warm_kernel.py): 16 notebooks' `import
+    torch` once instead of 16 times. The kernel is still ipykernel's, started with jupyter_client's arguments
+    in the notebook's folder. The nbclient test below runs ipykernel's own `python3` (it does not use
+    JUPYTER_PATH): a real kernel start stays covered."""
+    sock = Path(tempfile.mkdtemp(prefix="wk-")) / "s"   # a short path: AF_UNIX allows 108 bytes
+    server = subprocess.Popen([PY, str(ROOT / "tests" / "tools" / "warm_kernel.py"), "--serve", str(sock)],
+                              cwd=course, env=course_env(course), stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    try:
+        ready, _, _ = select.select([server.stdout], [], [], 60)
+        assert ready and server.stdout.readline().strip() == "ready", "the warm kernel server did not start"
+        sys.path.insert(0, str(ROOT / "tests" / "tools"))
+        try:
+            from warm_kernel import kernelspec_dir
+        finally:
+            sys.path.pop(0)
+        kernelspec_dir(course / WARM, PY, str(sock))
+        yield
+    finally:
+        shutil.rmtree(course / WARM, ignore_errors=True)
+        try:
+            os.killpg(server.pid, signal.SIGKILL)   # the server and any kernel still running (its process group)
+        except ProcessLookupError:
+            pass
+        server.wait()
+        server.stdout.close()
+        shutil.rmtree(sock.parent, ignore_errors=True)
 
 
 def nbgrader(course: Path, *args: str, timeout: float = 120) -> str:
@@ -94,7 +135,8 @@ def release_in(root: Path, *exercises: str) -> dict[str, Path]:
 def course(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("course")
     release_in(root, *EXERCISES)
-    return root
+    with warm_kernels(root):
+        yield root
 
 
 def cell(nb, grade_id: str):
@@ -149,6 +191,7 @@ def test_release_notebook_checks_run_worker_with_two_real_ranks(course, tmp_path
         for key in ("PATH", "PYTHONPATH", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
                     "IPYTHONDIR", "GRADER_LANG"):
             mp.setenv(key, env[key])
+        from nbclient import NotebookClient   # here, not at collection (every xdist worker collects this file)
         NotebookClient(nb, timeout=90, kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": str(tmp_path)}}).execute()
 
@@ -266,6 +309,7 @@ def autograded(course):
     with open(course / "grades.csv", newline="") as fh:
         rows = {(row["student_id"], row["assignment"]): row for row in csv.DictReader(fh)}
     cells = {}
+    from nbgrader.api import Gradebook   # here, not at collection
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         for student, ex in [*answers, *((s, A) for s in EXPECTED)]:
             sub = gb.find_submission_notebook(ex, ex, student)
