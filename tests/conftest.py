@@ -39,12 +39,14 @@ def session_template():
     launch.stop_serving()
 
 
-def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None,
+            template: bool = False) -> subprocess.CompletedProcess:
     """`python -m grader ARGS` from the repository root; killed by process group if it overruns. With `env`,
-    not the session's template: the zygote starts cold, in that environment."""
+    not the session's template: the zygote starts cold, in that environment (`template=True`: the variables
+    are for the grader's own processes, and its zygote is still a fork of the session's template)."""
     from grader.processes.launch import TEMPLATE_SOCKET_ENV
     full = {**os.environ, **(env or {})}
-    if env is not None and TEMPLATE_SOCKET_ENV not in env:
+    if env is not None and TEMPLATE_SOCKET_ENV not in env and not template:
         full.pop(TEMPLATE_SOCKET_ENV, None)
     proc = subprocess.Popen([PY, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=full)

@@ -111,7 +111,8 @@ def test_hostile_students_change_nobody_elses_grade(tmp_path):
 def test_a_dying_worker_costs_only_its_student(tmp_path):
     cls = make_class(tmp_path / "cls", {"alice": "honest.py", "bob": "honest.py", "carol": "honest.py"})
     out = tmp_path / "out"
-    proc = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "en", env={batch.FAULT_ENV: "bob"})
+    proc = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "en", env={batch.FAULT_ENV: "bob"},
+                   template=True)
     assert proc.returncode == 0, proc.stderr
     rows = read_csv(out / "grades.csv")
     assert rows["alice"]["total"] == rows["carol"]["total"] == "100"

@@ -71,9 +71,9 @@ def test_nccl_without_enough_gpus_says_so(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_language_defaults_to_chinese_and_follows_lang(tmp_path):
-    zh = run_cli("check", str(SOLUTION), env={"LANG": "", "LC_ALL": ""})
+    zh = run_cli("check", str(SOLUTION), env={"LANG": "", "LC_ALL": ""}, template=True)
     assert "得分：40 / 40" in zh.stdout
-    en = run_cli("check", str(SOLUTION), env={"LANG": "en_US.UTF-8", "LC_ALL": ""})
+    en = run_cli("check", str(SOLUTION), env={"LANG": "en_US.UTF-8", "LC_ALL": ""}, template=True)
     assert "Score: 40 / 40" in en.stdout
 
 

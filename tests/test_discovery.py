@@ -214,7 +214,7 @@ def test_batch_survives_every_hostile_entry_and_writes_the_gradebook(tmp_path, d
     (cls / "__init__.py").write_text("")
     out = tmp_path / "out"
     proc = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "en", "--tmp-mb", "16",
-                   env={batch.FAULT_ENV: "crasher"}, timeout=140)
+                   env={batch.FAULT_ENV: "crasher"}, template=True, timeout=140)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "grades.csv", newline="", encoding="utf-8") as f:
         rows = {row["student"]: row for row in csv.DictReader(f)}
