@@ -7,7 +7,7 @@ generate_feedback and export once.
 Every nbgrader command runs as a child process in its own session, killed by process group when it
 overruns, with this checkout on PYTHONPATH. nbclient's kernel is ipykernel's own `python3` (jupyter_client
 turns its `python` into sys.executable); nbgrader's are the same ipykernel, forked from one warm interpreter
-of the venv (warm_kernels: tests/tools/warm_kernel.py), so that the autograde's 16 notebooks import torch
+of the venv (warm_kernels: tests/tools/warm_kernel.py), so that the autograde's 15 notebooks import torch
 once between them.
 """
 from __future__ import annotations
@@ -68,8 +68,8 @@ WARM = ".warm-kernels"
 @contextlib.contextmanager
 def warm_kernels(course: Path):
     """While it lasts, every kernel an nbgrader command of this course starts is a fork of one interpreter
-    that has imported torch, ipykernel and nbcheck (tests/tools/warm_kernel.py): 16 notebooks' `import
-    torch` once instead of 16 times. The kernel is still ipykernel's, started with jupyter_client's arguments
+    that has imported torch, ipykernel and nbcheck (tests/tools/warm_kernel.py): 15 notebooks' `import
+    torch` once instead of 15 times. The kernel is still ipykernel's, started with jupyter_client's arguments
     in the notebook's folder. The nbclient test below runs ipykernel's own `python3` (it does not use
     JUPYTER_PATH): a real kernel start stays covered."""
     sock = Path(tempfile.mkdtemp(prefix="wk-")) / "s"   # a short path: AF_UNIX allows 108 bytes
