@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -66,7 +67,7 @@ WARM = ".warm-kernels"
 
 
 @contextlib.contextmanager
-def warm_kernels(course: Path):
+def warm_kernels(course: Path) -> Iterator[None]:
     """While it lasts, every kernel an nbgrader command of this course starts is a fork of one interpreter
     that has imported torch, ipykernel and nbcheck (tests/tools/warm_kernel.py): 15 notebooks' `import
     torch` once instead of 15 times. The kernel is still ipykernel's, started with jupyter_client's arguments
@@ -132,7 +133,7 @@ def release_in(root: Path, *exercises: str) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def course(tmp_path_factory) -> Path:
+def course(tmp_path_factory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("course")
     release_in(root, *EXERCISES)
     with warm_kernels(root):
