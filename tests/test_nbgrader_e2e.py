@@ -37,6 +37,9 @@ from grader.feedback.render import title
 
 from conftest import FIXTURES, NO_IRI_FORMAT, PY, ROOT
 
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
+import warm_kernel  # noqa: E402  (tests/tools/warm_kernel.py: the standard library only)
+
 A = "dist_primitives"
 CLASS = FIXTURES / "notebooks" / "class"
 RELEASE = ROOT / "assignments" / A / f"{A}.ipynb"
@@ -74,18 +77,12 @@ def warm_kernels(course: Path) -> Iterator[None]:
     in the notebook's folder. The nbclient test below runs ipykernel's own `python3` (it does not use
     JUPYTER_PATH): a real kernel start stays covered."""
     sock = Path(tempfile.mkdtemp(prefix="wk-")) / "s"   # a short path: AF_UNIX allows 108 bytes
-    server = subprocess.Popen([PY, str(ROOT / "tests" / "tools" / "warm_kernel.py"), "--serve", str(sock)],
-                              cwd=course, env=course_env(course), stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    server = subprocess.Popen([PY, warm_kernel.__file__, "--serve", str(sock)], cwd=course, env=course_env(course),
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         ready, _, _ = select.select([server.stdout], [], [], 60)
         assert ready and server.stdout.readline().strip() == "ready", "the warm kernel server did not start"
-        sys.path.insert(0, str(ROOT / "tests" / "tools"))
-        try:
-            from warm_kernel import kernelspec_dir
-        finally:
-            sys.path.pop(0)
-        kernelspec_dir(course / WARM, PY, str(sock))
+        warm_kernel.write_kernelspec(course / WARM, PY, str(sock))
         yield
     finally:
         shutil.rmtree(course / WARM, ignore_errors=True)

@@ -2,7 +2,7 @@
 
     python tests/tools/warm_kernel.py --serve SOCKET     the server: imports torch, ipykernel and the grader's
                                                          notebook modules once, then forks a kernel per request
-    python tests/tools/warm_kernel.py -f CONNECTION ...  what the kernelspec runs (kernelspec_dir below): asks
+    python tests/tools/warm_kernel.py -f CONNECTION ...  what the kernelspec runs (write_kernelspec below): asks
                                                          the server for a kernel and stands for it
 
 An autograde starts one kernel per notebook, and every notebook imports torch: 1.5-2 CPU-s each, most of a
@@ -30,16 +30,15 @@ from pathlib import Path
 SOCKET_ENV = "WARM_KERNEL_SOCKET"
 
 
-def kernelspec_dir(root: Path, python: str, sock: str) -> Path:
-    """A folder for JUPYTER_PATH whose `python3` kernelspec is this launcher (it comes before every other
-    `python3` on that path, the one ipykernel installs included)."""
+def write_kernelspec(root: Path, python: str, sock: str) -> None:
+    """Make `root` a folder for JUPYTER_PATH whose `python3` kernelspec is this launcher (it comes before
+    every other `python3` on that path, the one ipykernel installs included)."""
     spec = root / "kernels" / "python3"
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [python, str(Path(__file__).resolve()), "-f", "{connection_file}"],
         "display_name": "Python 3 (ipykernel)", "language": "python",
         "env": {SOCKET_ENV: sock}, "metadata": {"debugger": False}}))
-    return root
 
 
 # -- the server --------------------------------------------------------------------------------------
@@ -167,12 +166,7 @@ def launch(argv: list[str]) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
-    while True:
-        try:
-            data = conn.recv(4096)
-            break
-        except InterruptedError:
-            continue
+    data = conn.recv(4096)   # the kernel's exit (a signal forwarded meanwhile does not interrupt it: PEP 475)
     if not data:
         return 1
     code = json.loads(data)["exit"]
