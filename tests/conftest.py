@@ -4,8 +4,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import selectors
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +28,11 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PY = sys.executable
 CLI_TIMEOUT = 120
 
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
+import forkserver  # noqa: E402  (tests/tools: the standard library only)
+
+_WARM_CLI: dict = {}   # {"path": the warm_cli server's socket, "env": the environment it was started with}
+
 
 @pytest.fixture(scope="session", autouse=True)
 def session_template():
@@ -39,6 +49,30 @@ def session_template():
     launch.stop_serving()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_cli(session_template):
+    """`python -m grader` forked from one warm interpreter (tests/tools/warm_cli.py), for every run_cli call
+    made in the environment the server started with; without the server, each starts a fresh interpreter."""
+    folder = tempfile.mkdtemp(prefix="warm-cli-")
+    path = os.path.join(folder, "socket")
+    server = subprocess.Popen([PY, str(ROOT / "tests" / "tools" / "warm_cli.py"), path], cwd=ROOT,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        if server.stdout.readline().strip() == b"ready":
+            _WARM_CLI.update(path=path, env=_comparable(os.environ))
+        yield
+    finally:
+        _WARM_CLI.clear()
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        server.stdout.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _comparable(env) -> dict:
+    return {k: v for k, v in env.items() if k != "PYTEST_CURRENT_TEST"}   # pytest sets it for every test
+
+
 def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None,
             template: bool = False) -> subprocess.CompletedProcess:
     """`python -m grader ARGS` from the repository root; killed by process group if it overruns. With `env`,
@@ -48,6 +82,8 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None,
     full = {**os.environ, **(env or {})}
     if env is not None and TEMPLATE_SOCKET_ENV not in env and not template:
         full.pop(TEMPLATE_SOCKET_ENV, None)
+    if _WARM_CLI and _comparable(full) == _WARM_CLI["env"]:
+        return _run_warm(list(args), full, timeout)
     proc = subprocess.Popen([PY, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=full)
     try:
@@ -57,6 +93,44 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None,
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _run_warm(args: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """run_cli through the warm_cli server: the same command, output and exit code (text as Popen's text
+    mode gives it), killed by process group if it overruns."""
+    cmd = [PY, "-m", "grader", *args]
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    try:
+        conn, pid = forkserver.request(_WARM_CLI["path"], {"argv": args, "cwd": str(ROOT), "env": env}, [0, out_w, err_w])
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    chunks = {out_r: [], err_r: []}
+    deadline = time.monotonic() + timeout
+    with conn, selectors.DefaultSelector() as sel:
+        for fd in chunks:
+            sel.register(fd, selectors.EVENT_READ)
+        timed_out = False
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0 and not timed_out:
+                timed_out = True
+                try:
+                    os.killpg(pid, 9)
+                except ProcessLookupError:
+                    pass
+            for key, _ in sel.select(timeout=max(left, 0.1) if not timed_out else 1.0):
+                data = os.read(key.fd, 1 << 16)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+        code = forkserver.exit_code(conn)
+    if timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout)
+    out, err = (b"".join(chunks[fd]).decode().replace("\r\n", "\n").replace("\r", "\n") for fd in (out_r, err_r))
+    return subprocess.CompletedProcess(cmd, 1 if code is None else code, out, err)
 
 
 def graded_folder(tmp_path_factory, folder: str, exercise: str, lang: str = "en", *extra: str,

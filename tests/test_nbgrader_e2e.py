@@ -204,9 +204,10 @@ def test_release_notebook_checks_run_worker_with_two_real_ranks(course, tmp_path
     assert [c.metadata.nbgrader.grade_id for c in tests] == [
         "test_static_all_reduce", "test_static_all_gather", "test_ws2_all_reduce", "test_ws2_all_gather",
         "test_ws3_all_reduce", "test_ws3_all_gather", "test_ws4_all_reduce", "test_ws4_all_gather"]
-    for c in tests[:4]:  # visible: each prints its verdict, nothing on stderr, no error
-        assert [o.output_type for o in c.outputs] == ["stream"] and c.outputs[0].name == "stdout", c.outputs
-        assert c.outputs[0].text.startswith("[PASS]")
+    for c in tests[:4]:  # visible: each prints its verdict, nothing on stderr, no error (ipykernel may send
+        # one print in two stream messages when its flush timer fires between the text and the newline)
+        assert c.outputs and all(o.output_type == "stream" and o.name == "stdout" for o in c.outputs), c.outputs
+        assert "".join(o.text for o in c.outputs).startswith("[PASS]")
     for c in tests[4:]:  # hidden tests are not in the release: these cells run nothing
         assert c.outputs == [] and "nbcheck" not in c.source
 

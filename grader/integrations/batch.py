@@ -6,7 +6,7 @@ Each entry of DIR is one student: `alice.py`, `bob.ipynb`, or a folder `carol/` 
 (nbgrader's submitted/<student>/<assignment>/ works as is). Writes OUT/<student>.json (the results.json
 of `grade`, plus `extra_data.batch` with the submission's content hash) and OUT/grades.csv.
 
-Processes: this parent never imports torch and never runs student code. It starts N workers
+Processes: this parent never imports torch and never runs student code. It forks N workers
 (`worker_main`), each owning one Runner (one zygote), and hands each a student at a time over a pipe
 of JSON lines. A worker that dies or overruns is killed by process group and replaced; its student is
 graded again once in a fresh worker, then gets a "grader failed" result. Only the parent writes files,
@@ -22,6 +22,7 @@ terminal have their control characters escaped.
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import json
@@ -220,8 +221,8 @@ def lock(out: Path):
 
 # -- the worker: one Runner, one student at a time -----------------------------------------------------
 def worker_main(argv: list[str]) -> int:
-    """`python -c 'from grader.integrations.batch import worker_main; ...' LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB TMP_MB
-    EXERCISE [EXERCISES_DIR ...]`.
+    """A worker, in a fork of the batch's parent (Worker): argv is LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB
+    TMP_MB EXERCISE [EXERCISES_DIR ...].
 
     Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
     (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
@@ -263,25 +264,105 @@ def worker_main(argv: list[str]) -> int:
     return 0
 
 
+class _ForkedProcess:
+    """A worker forked from this process (the parent), seen as subprocess.Popen would show it: its pid, its
+    stdin and stdout pipes, poll and wait. The parent has imported everything a worker uses (api, the
+    runner, numpy) and never torch, so a fork costs milliseconds where a fresh interpreter would spend
+    ~0.2 s of CPU on the same imports. The child keeps only its pipes, its log and the template's socket."""
+
+    def __init__(self, argv: list[str], log: int, env: dict[str, str], keep: tuple[int, ...]):
+        child_in, to_child = os.pipe()      # (read end, write end)
+        from_child, child_out = os.pipe()
+        for stream in (sys.stdout, sys.stderr):   # nothing buffered here is written twice
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            _worker_child(argv, child_in, child_out, log, env, keep)
+        os.close(child_in)
+        os.close(child_out)
+        self.pid, self.returncode = pid, None
+        self.stdin = os.fdopen(to_child, "wb")
+        self.stdout = os.fdopen(from_child, "rb", buffering=0)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["worker"], timeout)
+            if deadline is None:
+                try:
+                    _, status = os.waitpid(self.pid, 0)
+                    self.returncode = os.waitstatus_to_exitcode(status)
+                except ChildProcessError:
+                    self.returncode = 0
+            else:
+                time.sleep(0.01)
+        return self.returncode
+
+
+def _worker_child(argv: list[str], stdin: int, stdout: int, log: int, env: dict[str, str], keep: tuple[int, ...]):
+    """In the fork: a session of its own, the pipes as stdin and stdout, the log as stderr, every other
+    descriptor of the parent closed (another worker's pipes, the output folder's lock), then worker_main."""
+    code = 1
+    try:
+        os.setsid()
+        for fd, target in ((stdin, 0), (stdout, 1), (log, 2)):
+            os.dup2(fd, target)
+        wanted = sorted({0, 1, 2, *keep})
+        for low, high in zip(wanted, wanted[1:] + [os.sysconf("SC_OPEN_MAX")]):
+            os.closerange(low + 1, high)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        atexit._clear()   # the parent's (its template's stop) are not this process's
+        os.chdir(ROOT)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)
+        launch.forget_parent()
+        launch.prestart()
+        code = worker_main(argv)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001  (the parent reads the log: why_dead)
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
 class Worker:
     """A worker process seen from the parent: its pipes, its current student, its deadline."""
 
     def __init__(self, args, log_dir: Path, index: int):
-        cmd = [sys.executable, "-c", "import sys; from grader.processes import launch; launch.prestart(); "
-                                     "from grader.integrations.batch import worker_main; sys.exit(worker_main(sys.argv[1:]))",
-               args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
-               str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
-               *args.exercises_dir]
+        argv = [args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
+                str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
+                *args.exercises_dir]
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         template = launch.template_fd()   # the worker's zygote is a fork of it: no import torch of its own
         if template is not None:
             env[launch.TEMPLATE_ENV] = str(template)
         self.log = log_dir / f"worker-{index}.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=ROOT,
-                                         env=env, start_new_session=True,
-                                         pass_fds=() if template is None else (template,))
+        log = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.proc = _ForkedProcess(argv, log, env, () if template is None else (template,))
+        finally:
+            os.close(log)
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.buffer = bytearray()
         self.student: Student | None = None

@@ -228,6 +228,17 @@ def start_zygote(base: Path, python: str, template: bool = True):
     return forked or zygote(base, python)
 
 
+def forget_parent() -> None:
+    """In a process forked from a grader process (a batch's worker): what the parent started (its template,
+    its zygote, its session's template) is the parent's to stop. Their sockets are detached, not closed: a
+    descriptor this process was meant to keep (the template's, for prestart) stays open."""
+    global _EARLY, _TEMPLATE, _SESSION
+    for held in (_EARLY, _TEMPLATE, _SESSION):
+        if held is not None:
+            held[2].detach()
+    _EARLY = _TEMPLATE = _SESSION = None
+
+
 def prestart() -> None:
     """Start this process's first zygote now (a fork of a template where one serves this process).
     Discarded at exit if no Runner adopted it."""
