@@ -16,7 +16,7 @@ venv: $(STAMP)
 # fetch a CUDA build). Everything else is installed by uv, which fetches and unpacks in parallel and
 # byte-compiles what it installed; pip does it all on one core. While uv works, compileall byte-compiles
 # what pip installed (torch and its dependencies) on both cores. A fresh venv: about 60 s with pip alone,
-# about 25 s this way. Where uv cannot be had, pip installs the rest. A file that does not compile (some
+# about 35 s this way. Where uv cannot be had, pip installs the rest. A file that does not compile (some
 # packages ship Python 2 examples) is skipped, as pip skips it.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

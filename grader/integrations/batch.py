@@ -316,7 +316,8 @@ def _worker_child(argv: list[str], stdin: int, stdout: int, log: int, env: dict[
     code = 1
     try:
         os.setsid()
-        for fd, target in ((stdin, 0), (stdout, 1), (log, 2)):
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (stdin, stdout, log)]   # none overwritten by a dup2
+        for target, fd in enumerate(high):
             os.dup2(fd, target)
         wanted = sorted({0, 1, 2, *keep})
         for low, high in zip(wanted, wanted[1:] + [os.sysconf("SC_OPEN_MAX")]):
