@@ -83,7 +83,10 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None,
     if env is not None and TEMPLATE_SOCKET_ENV not in env and not template:
         full.pop(TEMPLATE_SOCKET_ENV, None)
     if _WARM_CLI and _comparable(full) == _WARM_CLI["env"]:
-        return _run_warm(list(args), full, timeout)
+        try:
+            return _run_warm(list(args), full, timeout)
+        except ConnectionError:   # the server is gone: this call and the next start fresh interpreters
+            _WARM_CLI.clear()
     proc = subprocess.Popen([PY, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=full)
     try:
@@ -102,6 +105,10 @@ def _run_warm(args: list[str], env: dict, timeout: float) -> subprocess.Complete
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     try:
         conn, pid = forkserver.request(_WARM_CLI["path"], {"argv": args, "cwd": str(ROOT), "env": env}, [0, out_w, err_w])
+    except (ConnectionError, FileNotFoundError) as err:
+        os.close(out_r)
+        os.close(err_r)
+        raise ConnectionError(err) from err
     finally:
         os.close(out_w)
         os.close(err_w)
