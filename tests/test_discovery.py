@@ -13,19 +13,17 @@ import io
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, run_cli
 from grader.feedback.results import write_atomic
 from grader.integrations import batch
 from grader.exercise import registry
 from grader.submission import load, notebook, static
 
-sys.path.insert(0, str(ROOT / "tests" / "tools"))
-from deep import make_deep, remove_deep  # noqa: E402
+from deep import make_deep, remove_deep   # tests/tools/deep.py (conftest puts tests/tools on sys.path)
 
 HONEST = FIXTURES / "batch" / "honest.py"
 LONG = "a" * 237 + ".py"                            # 240 bytes: legal, but name + ".json" + a temp suffix is not

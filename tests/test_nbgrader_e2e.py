@@ -22,7 +22,6 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -37,8 +36,7 @@ from grader.feedback.render import title
 
 from conftest import FIXTURES, NO_IRI_FORMAT, PY, ROOT
 
-sys.path.insert(0, str(ROOT / "tests" / "tools"))
-import warm_kernel  # noqa: E402  (tests/tools/warm_kernel.py: the standard library only)
+import warm_kernel   # tests/tools/warm_kernel.py (conftest puts tests/tools on sys.path)
 
 A = "dist_primitives"
 CLASS = FIXTURES / "notebooks" / "class"

@@ -270,24 +270,24 @@ class _ForkedProcess:
     runner, numpy) and never torch, so a fork costs milliseconds where a fresh interpreter would spend
     ~0.2 s of CPU on the same imports. The child keeps only its pipes, its log and the template's socket."""
 
-    def __init__(self, argv: list[str], log: int, env: dict[str, str], keep: tuple[int, ...]):
+    def __init__(self, argv: list[str], log: int, template: int | None):
         child_in, to_child = os.pipe()      # (read end, write end)
         from_child, child_out = os.pipe()
         for stream in (sys.stdout, sys.stderr):   # nothing buffered here is written twice
             stream.flush()
         pid = os.fork()
         if pid == 0:
-            _worker_child(argv, child_in, child_out, log, env, keep)
+            _worker_child(argv, child_in, child_out, log, template)
         os.close(child_in)
         os.close(child_out)
         self.pid, self.returncode = pid, None
         self.stdin = os.fdopen(to_child, "wb")
         self.stdout = os.fdopen(from_child, "rb", buffering=0)
 
-    def poll(self) -> int | None:
+    def poll(self, block: bool = False) -> int | None:
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
             except ChildProcessError:
                 pid, status = self.pid, 0
             if pid:
@@ -295,39 +295,35 @@ class _ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if timeout is None:
+            return self.poll(block=True)
+        deadline = time.monotonic() + timeout
         while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(["worker"], timeout)
-            if deadline is None:
-                try:
-                    _, status = os.waitpid(self.pid, 0)
-                    self.returncode = os.waitstatus_to_exitcode(status)
-                except ChildProcessError:
-                    self.returncode = 0
-            else:
-                time.sleep(0.01)
+            time.sleep(0.01)
         return self.returncode
 
 
-def _worker_child(argv: list[str], stdin: int, stdout: int, log: int, env: dict[str, str], keep: tuple[int, ...]):
+def _worker_child(argv: list[str], stdin: int, stdout: int, log: int, template: int | None):
     """In the fork: a session of its own, the pipes as stdin and stdout, the log as stderr, every other
-    descriptor of the parent closed (another worker's pipes, the output folder's lock), then worker_main."""
+    descriptor of the parent but the template's socket closed (another worker's pipes, the output folder's
+    lock), then worker_main."""
     code = 1
     try:
         os.setsid()
         high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (stdin, stdout, log)]   # none overwritten by a dup2
         for target, fd in enumerate(high):
             os.dup2(fd, target)
-        wanted = sorted({0, 1, 2, *keep})
+        wanted = sorted({0, 1, 2} | ({template} if template is not None else set()))
         for low, high in zip(wanted, wanted[1:] + [os.sysconf("SC_OPEN_MAX")]):
             os.closerange(low + 1, high)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         atexit._clear()   # the parent's (its template's stop) are not this process's
         os.chdir(ROOT)
-        os.environ.clear()
-        os.environ.update(env)
+        if template is not None:   # the worker's zygote is a fork of it: no import torch of its own
+            os.environ[launch.TEMPLATE_ENV] = str(template)
         sys.stdin = open(0, "r", encoding="utf-8", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)
@@ -354,14 +350,10 @@ class Worker:
         argv = [args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
                 str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
                 *args.exercises_dir]
-        env = dict(os.environ)
-        template = launch.template_fd()   # the worker's zygote is a fork of it: no import torch of its own
-        if template is not None:
-            env[launch.TEMPLATE_ENV] = str(template)
         self.log = log_dir / f"worker-{index}.log"
         log = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            self.proc = _ForkedProcess(argv, log, env, () if template is None else (template,))
+            self.proc = _ForkedProcess(argv, log, launch.template_fd())
         finally:
             os.close(log)
         os.set_blocking(self.proc.stdout.fileno(), False)
