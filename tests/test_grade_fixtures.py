@@ -374,7 +374,6 @@ def test_solution_scores_100_and_teaches_the_ring_volumes(grade):
                          rf"per rank \(\(2-1\)/2 x 1024\), about [\d.]+ [KMG]?B/s", proc.stdout), proc.stdout
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.timeout(240)
 def test_torch_compile_in_the_ranks_scores_every_visible_point():
     """torch.compile (inductor) for the local arithmetic: each rank compiles in its own /tmp, whose file

@@ -57,6 +57,10 @@ MISTAKES = {
     # (and no all_reduce in its text: the static check's 10)
     "m08_reduce_and_broadcast_over_every_rank": (60, {"static.all_reduce": "not_called", **every("hierarchy", "wrong")},
                                                  {"all_reduce": [], "hierarchy": ["cause.groups_inside", "cause.groups_flat"]}),
+    # the right sum through send and recv, every rank to every rank: each node's two ranks send across nodes
+    # (and no all_reduce anywhere: the static check's 10)
+    "m09_point_to_point_across_nodes": (60, {"static.all_reduce": "not_called", **every("hierarchy", "wrong")},
+                                        {"all_reduce": [], "hierarchy": ["cause.groups_flat_p2p"]}),
 }
 CHEATS = ("c01_local_sum_dummy_hierarchy", "c02_launder_through_the_leaders", "c03_leader_sends_its_node")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
@@ -121,6 +125,19 @@ def test_mistake_scores_and_names_its_cause(mistakes, name):
         assert "Traceback" not in text
         # a leader forwards its node's sum: that is no "rank did not send its own data"
         assert "cause.contribution" not in found
+
+
+@pytest.mark.timeout(500)
+def test_point_to_point_is_judged_by_the_ranks_that_send_across_nodes(honest, mistakes):
+    # to the leader and back inside the node, the leaders' all_reduce across: the hierarchy, by send and recv
+    ok = suite.output_of(honest["h08_point_to_point_in_the_node"], "ws4.hierarchy")
+    assert "跨节点的通信每个节点只有一个进程参加（进程 0、2）" in ok and "  进程 1（节点 0）：跨节点发送 0 字节" in ok
+    # every rank to every rank: both ranks of each node send across; named once, with the node's ranks
+    flat = suite.output_of(mistakes["m09_point_to_point_across_nodes"], "ws4.hierarchy")
+    assert flat.count("原因：") == 1 and "进程 0、1 属于同一个节点（每个节点 2 个进程），却都向别的节点发送数据" in flat
+    for ws in HIDDEN_WS:
+        hidden = suite.output_of(mistakes["m09_point_to_point_across_nodes"], f"ws{ws}.hierarchy")
+        assert render("cause.groups_flat_p2p_generic", {}, "zh") in hidden and "4096" not in hidden
 
 
 @pytest.mark.timeout(500)

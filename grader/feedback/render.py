@@ -24,7 +24,7 @@ HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.contributi
                    "cause.p2p_too_short": "cause.p2p_too_short_generic", "cause.p2p_dtype": "cause.p2p_dtype_generic",
                    **{f"cause.{k}": f"cause.{k}_generic" for k in ("counts_more", "counts_fewer", "counts_all",
                                                                   "volume_dtype", "volume_bytes", "groups_inside",
-                                                                  "groups_flat")},
+                                                                  "groups_flat", "groups_flat_p2p")},
                    **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"
                       for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole",
                                "chunk", "dtype")}}

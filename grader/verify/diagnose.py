@@ -414,9 +414,9 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
     through = set(quantity.through)
     returned = (record.result or {}).get("how") == "return"   # a rank that stopped early says nothing of its ops
     if returned and through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
-        others = [c for c in record.calls if c.op not in ("barrier", "send", "recv")]
-        # another operation in its place: one that carried data of this quantity's size (the other ops may
-        # be another quantity's, with this one's TODO still open)
+        others = [c for c in record.calls if c.op != "barrier"]
+        # another operation in its place: one that carried data of this quantity's size, a send or a recv
+        # included (the other ops may be another quantity's, with this one's TODO still open)
         carried = [c for c in others if _carries(c, quantity, ws, record.rank)]
         if carried:
             used = sorted({op_name(c) for c in others})

@@ -131,6 +131,7 @@ def _groups(judge, check: Check, run) -> CheckResult:
     quantity = judge.exercise.quantity(check.quantity)
     size = math.prod(quantity.expected_shape(n))
     notes, crossed = [], [0] * n
+    first_send: dict[int, object] = {}   # rank -> its first send to another node
     for rec in run.ranks:
         for call in rec.calls:
             if not (call.completed and call.ok) or OPS.get(call.op) is None:
@@ -140,6 +141,7 @@ def _groups(judge, check: Check, run) -> CheckResult:
                 peer = call.group[call.peer] if call.peer is not None and call.peer < len(call.group) else None
                 if call.op == "send" and peer is not None and peer // node != rec.rank // node:
                     crossed[rec.rank] += call.sent_bytes
+                    first_send.setdefault(rec.rank, call)
                 continue
             if len(nodes) > 1:
                 crossed[rec.rank] += call.sent_bytes
@@ -150,6 +152,13 @@ def _groups(judge, check: Check, run) -> CheckResult:
             if len(nodes) > 1 and per_node > 1 and not _named(notes, "cause.groups_flat"):
                 notes.append(Note("cause.groups_flat", {"rank": rec.rank, "op": op_name(call), **at(call),
                                                         "ranks": list(call.group), "k": per_node, "node": node}))
+    # point to point: the ranks of one node that send to another node are as many as take part across nodes
+    for k in sorted({r // node for r in first_send}):
+        senders = sorted(r for r in first_send if r // node == k)
+        if len(senders) > 1 and not _named(notes, "cause.groups_flat") and not _named(notes, "cause.groups_flat_p2p"):
+            call = first_send[senders[1]]
+            notes.append(Note("cause.groups_flat_p2p", {"rank": senders[1], "op": op_name(call), **at(call),
+                                                        "ranks": senders, "k": len(senders), "node": node}))
     details = [Note("detail.groups", {"rank": r, "node": r // node, "crossed": crossed[r]}) for r in range(n)]
     if notes:
         return CheckResult(check, Outcome.WRONG, notes=notes, details=details)

@@ -19,6 +19,9 @@ after step 2 only the leaders hold the total. Also accepted: the bandwidth-optim
 (a reduce-scatter inside the node, an all-reduce of each shard among the ranks with the same index in
 their node, an all-gather inside the node), and an all-reduce inside the node followed by an all-reduce
 among the ranks of each local index: in both, every operation that crosses nodes takes one rank per node.
+Point-to-point inside the node counts as the same steps (each rank sends its tensor to its leader, which adds
+them up; after the leaders' all-reduce, the leader sends the total back): a send crosses nodes when its peer
+is in another node.
 Not accepted: one flat all-reduce over every rank (the right sum; two ranks of each node send across the
 boundary), and anything that makes a reduce or a broadcast cross nodes.
 
@@ -43,7 +46,7 @@ from grader.exercise import Check, Exercise, Quantity, Todo
 LENGTH = 512
 NODE_SIZE = 2
 VISIBLE, HIDDEN = (4,), (6, 8)
-OPS = ("reduce", "all_reduce", "broadcast", "reduce_scatter", "all_gather")
+OPS = ("reduce", "all_reduce", "broadcast", "reduce_scatter", "all_gather", "send", "recv")
 f32 = np.float32
 
 
@@ -115,7 +118,14 @@ def teach(run, ctx) -> list[tuple[str, dict]]:
     crossed = 0
     for rec in run.ranks:
         for call in rec.calls:
-            if call.completed and call.ok and call.sends and len({r // NODE_SIZE for r in call.group}) > 1:
+            if not (call.completed and call.ok and call.sends):
+                continue
+            if call.op == "send":   # a point-to-point send crosses when its peer is in another node
+                peer = call.group[call.peer] if call.peer is not None and call.peer < len(call.group) else rec.rank
+                ranks = {rec.rank, peer}
+            else:
+                ranks = set(call.group)
+            if len({r // NODE_SIZE for r in ranks}) > 1:
                 crossed += call.sent_bytes
     size = 4 * LENGTH
     return [("teach.header", {"ws": n, "node": NODE_SIZE, "nodes": n // NODE_SIZE}),
