@@ -55,6 +55,12 @@ MISTAKES = {
                                           "volume": ["cause.kind_needs_value"]}),
     "m07_step_before_the_sync": (70, every("weights", "wrong"), {"weights": [own("cause.local_gradient")]}),
     "m08_step_on_a_copy": (70, every("weights", "wrong"), {"weights": [own("cause.no_update")]}),
+    # all_gather in float16 and a local mean: another operation named, never "computed locally"
+    "m09_all_gather_then_mean": (0, {"static.all_reduce": "not_called", **every("grad", "not_collective"),
+                                     **every("weights", "not_collective"), **every("volume", "wrong")},
+                                 {"all_reduce": ["static.not_written"], "grad": ["cause.other_op", "fail.not_collective_untraced"],
+                                  "weights": ["cause.other_op", "fail.not_collective_untraced"],
+                                  "volume": ["cause.kind_needs_value"]}),
 }
 # the quantities each cheat fakes (the volume check counts for a right gradient only)
 CHEATS = {"c01_local_answer_dummy_half_all_reduce": ("grad", "weights"), "c02_launder_the_mean": ("grad", "weights"),
@@ -94,6 +100,7 @@ def test_honest_styles_score_100(honest):
     assert any("default_hooks.fp16_compress_hook" in t for t in texts.values())
     assert any("funcol.all_reduce" in t for t in texts.values())
     assert not any("autocast" in t for t in texts.values())   # manual casts: autocast changes no communication
+    assert ".chunk(4)" in texts["h08_float16_buckets"]   # the weights proven through four all-reduce buckets
     passed = suite.output_of(honest["h01_half_then_divide"], "ws2.volume")
     assert render("pass.volume", {"op": "all_reduce", "allowed": list(DECL.HALF), "sent": 256, "bound": 256}, "zh") in passed
 
@@ -116,6 +123,7 @@ def test_mistake_scores_and_names_its_cause(mistakes, name):
         assert "Traceback" not in text
         # a float16 contribution is the rank's own data: no "did not send its own data" for it
         assert "cause.contribution" not in found and "cause.contribution_hidden" not in found
+        assert "fail.not_collective" not in found   # "computed locally" is said only where it is certain
 
 
 @pytest.mark.timeout(500)

@@ -65,6 +65,8 @@ MISTAKES = {
                                {"grad": [own("cause.divided_by_k_twice")], "one_all_reduce": NEEDS_VALUE}, {}),
     "m10_not_averaged_at_all": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
                                 {"grad": [own("cause.not_averaged")], "one_all_reduce": NEEDS_VALUE}, {}),
+    # the gradient synced once but cut into two buckets: proven through both (the value points), two all-reduces
+    "m11_two_buckets": (70, every("one_all_reduce", "wrong"), COUNTS, {}),
 }
 CHEATS = ("c01_local_answer_dummy_all_reduce", "c02_launder_through_all_reduce", "c03_rank0_contributes_for_all",
           "c04_honest_all_reduce_local_answer")
@@ -138,6 +140,24 @@ def test_the_count_names_what_was_counted(mistakes):
     for ws in HIDDEN_WS:
         hidden = suite.output_of(results, f"ws{ws}.one_all_reduce")
         assert render("cause.counts_more_generic", {"op": "all_reduce"}, "zh") in hidden and "4" not in hidden
+        # the answer was right: the hint speaks of the count, not of a wrong result
+        assert render("hint.wrong_counts", {}, "zh") in hidden and render("hint.wrong", {}, "zh") not in hidden
+    needs_value = suite.output_of(mistakes["m03_not_divided_by_k"], "ws3.one_all_reduce")
+    assert render("hint.wrong", {}, "zh") in needs_value and render("hint.wrong_counts", {}, "zh") not in needs_value
+
+
+def test_the_account_compares_with_one_sync_per_micro_batch():
+    """Syncing every micro-batch sends K times the whole gradient, however the step's all-reduces were cut."""
+    from types import SimpleNamespace
+
+    def call(numel):
+        return SimpleNamespace(op="all_reduce", completed=True, ok=True, sent_numel=numel, sent_bytes=4 * numel)
+    for cut in ([DECL.NUMEL], [17, DECL.NUMEL - 17], [DECL.NUMEL] * DECL.K):
+        run = SimpleNamespace(request=SimpleNamespace(world_size=2),
+                              ranks=[SimpleNamespace(rank=0, calls=[call(n) for n in cut])])
+        (_, header), (_, line) = DECL.teach(run, None)
+        assert line == {"rank": 0, "count": len(cut), "bytes": 4 * sum(cut), "k": DECL.K,
+                        "every": DECL.K * 4 * DECL.NUMEL}, (cut, line)
 
 
 @pytest.mark.timeout(200)

@@ -100,7 +100,7 @@ MISTAKES = [
     ("m02_integer_gradient", 10, {i: "exception" for i in RUNTIME_IDS},
      [("cause.integer_dtype", {"quantity": "gradient", "dtype": "torch.int64"})]),
     ("m03_reduce_not_all_reduce", 50, {"static.all_reduce": "not_called", **ids((2, 3, 4), "all_reduce", "not_collective")},
-     [("cause.rooted_op", {"op": "reduce"}), ("static.not_called", {"op": "all_reduce", "entry": "run_worker"}),
+     [("cause.rooted_op", {"op": "reduce"}), ("static.not_written", {"op": "all_reduce", "entry": "run_worker"}),
       ("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather", "reduce"], "line": 7})]),
     ("m04_shared_buffers", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.shared_buffers", {})]),
     ("m05_gather_list_too_short", 55, ids((2, 3, 4), "all_gather", "exception"),

@@ -35,7 +35,9 @@ class LinearRun:
     is a combination of its own vectors and of what earlier all-reduces delivered to it; a delivered vector
     is then weight x the sum of what the group's ranks sent, so each is a coefficient vector over the
     basis (q, j) of every rank's own vectors, exactly as the unperturbed run would have computed it. Only
-    all-reduces whose tensors (flattened, concatenated) have `numel` elements take part."""
+    all-reduces whose tensors (flattened, concatenated) have `numel` elements take part, or consecutive
+    all-reduces on one group whose pieces add up to `numel` elements in the order they ran (buckets, as DDP
+    makes them): those count as one."""
 
     def __init__(self, ctx, own, numel: int, ops=("all_reduce",)):
         self.view, self.ws, self.numel, self.ops = ctx.view, ctx.world_size, numel, ops
@@ -44,9 +46,37 @@ class LinearRun:
         self._sent: dict = {}
         self._delivered: dict = {}
         self.loose = False    # a vector sent in half precision: its coefficients are known to about 1e-3
+        self._units: dict = {}
 
     def calls(self, rank: int) -> list:
-        return [c for c in self.view.calls[rank] if c.op in self.ops and c.completed and c.ok and c.sends and c.receives]
+        """This rank's all-reduces of `numel` elements, buckets joined (_Buckets), in the order they ran."""
+        if rank not in self._units:
+            calls = [c for c in self.view.calls[rank] if c.op in self.ops and c.completed and c.ok and c.sends and c.receives]
+            units, run, size = [], [], 0
+            for call in calls:
+                n = call.sent_numel
+                if n == self.numel:
+                    units.append(call)
+                    run, size = [], 0
+                    continue
+                if run and (call.gname, call.group, call.weight) != (run[0].gname, run[0].group, run[0].weight):
+                    run, size = [], 0
+                run.append(call)
+                size += n
+                while size > self.numel:   # the oldest pieces cannot start this bucket run
+                    size -= run.pop(0).sent_numel
+                if size == self.numel and run:
+                    units.append(_Buckets(self, run))
+                    run, size = [], 0
+            self._units[rank] = units
+        return self._units[rank]
+
+    def unit_of(self, call):
+        """The unit (call or _Buckets) of calls(call.rank) that starts with `call`, or None."""
+        for unit in self.calls(call.rank):
+            if (unit.members[0] if isinstance(unit, _Buckets) else unit) is call:
+                return unit
+        return None
 
     @staticmethod
     def _flat(arrays) -> np.ndarray:
@@ -115,3 +145,33 @@ class LinearRun:
             if out:
                 return out    # the fewest deliveries that make it
         return out
+
+
+class _Buckets:
+    """Consecutive all-reduces of one rank on one group whose pieces make one vector of `numel` elements
+    (a bucketed all-reduce): read as one call. Its partner on another rank is that rank's run of the
+    partners of these calls, when that run is a unit of its own."""
+
+    def __init__(self, run: LinearRun, members: list):
+        self.run, self.members = run, list(members)
+        first, last = self.members[0], self.members[-1]
+        self.rank, self.seq, self.weight, self.inputs = first.rank, ("buckets", first.seq), first.weight, first.inputs
+        self.entered_at, self.completed_at = first.entered_at, last.completed_at
+
+    @property
+    def partners(self) -> dict:
+        out = {}
+        for g, partner in self.members[0].partners.items():
+            unit = self.run.unit_of(partner)
+            wanted = [m.partners.get(g) for m in self.members]
+            if not isinstance(unit, _Buckets) or len(unit.members) != len(wanted) \
+                    or any(a is not b for a, b in zip(unit.members, wanted)):
+                return {}
+            out[g] = unit
+        return out
+
+    def sent_values(self) -> list:
+        return [v for m in self.members for v in m.sent_values()]
+
+    def delivered_values(self) -> list:
+        return [v for m in self.members for v in m.delivered_values()]

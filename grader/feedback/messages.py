@@ -87,6 +87,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "static.called": ("{entry} 用到了 {op}（第 {lines} 行）。", "{entry} reaches {op} (line {lines})."),
     "static.not_called": ("{entry} 没有用到 {op}：只出现在注释、字符串或不会执行的分支里的调用不算。",
                           "{entry} never reaches {op}: calls that only appear in comments, strings or dead branches do not count."),
+    "static.not_written": ("{entry} 没有调用 {op}。", "{entry} never calls {op}."),
     "static.todo": ("{entry} 仍然抛出 NotImplementedError：{todo}。", "{entry} still raises NotImplementedError: {todo}."),
     "static.todo_raise": ("{entry} 仍然抛出 NotImplementedError：完成 TODO 之后，请删掉 raise NotImplementedError(...) 这一行。",
                           "{entry} still raises NotImplementedError: once the TODOs are done, delete the "
@@ -382,6 +383,10 @@ CATALOG: dict[str, tuple[str, str]] = {
                         "  The grader could not trace this value within its budget: the data matches what was delivered in too many ways."),
     # --- hints for hidden checks, by outcome (no values, no code)
     "hint.wrong": ("结果不正确。", "The result is wrong."),
+    "hint.wrong_counts": ("通信的次数不符合这一项的要求。", "The number of communications is not what this check asks for."),
+    "hint.wrong_volume": ("通信的数据类型或字节数不符合这一项的要求。", "The dtype or the bytes on the wire are not what this check asks for."),
+    "hint.wrong_groups": ("通信跨越节点边界的方式不符合这一项的要求。", "What crossed the node boundary is not what this check asks for."),
+    "hint.wrong_traffic": ("点对点通信的模式或通信量不符合这一项的要求。", "The point-to-point pattern or its traffic is not what this check asks for."),
     "hint.missing": ("没有得到结果：请返回要求的数值。", "No result: return the values the exercise asks for."),
     "hint.bad_type": ("结果不是普通的 torch.Tensor。", "The result is not a plain torch.Tensor."),
     "hint.exception": ("代码在这个测试中抛出了异常。", "Your code raised an exception in this test."),

@@ -16,6 +16,10 @@ HINTS = {
     Outcome.NO_EXERCISE: "hint.not_submitted", Outcome.REAL_BACKEND: "hint.real_backend",
     Outcome.TRAFFIC_LIMIT: "hint.limit", Outcome.PROTOCOL: "hint.protocol",
 }
+# A communication check whose result was right but whose communication was not: its own words, not "wrong"
+KIND_HINTS = {"counts": "hint.wrong_counts", "volume": "hint.wrong_volume", "groups": "hint.wrong_groups",
+              "traffic": "hint.wrong_traffic"}
+NEEDS_VALUE = ("cause.kind_needs_value", "cause.traffic_needs_value")
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.
 SAFE_PARAMS = {"quantity", "op", "ops", "other", "reduce", "formula"}   # formula: "2(N-1)/N x S", never a number
@@ -72,7 +76,10 @@ def check_lines(result: CheckResult, lang: str) -> list[str]:
         return [note(n, lang) for n in result.notes] + [note(n, lang) for n in result.details]
     if result.passed:
         return [status(result, lang)]
-    lines = [status(result, lang) + render("list.colon", {}, lang) + render(HINTS.get(result.outcome, "hint.wrong"), {}, lang)]
+    hint = HINTS.get(result.outcome, "hint.wrong")
+    if result.outcome == Outcome.WRONG and not any(n.key in NEEDS_VALUE for n in result.notes):
+        hint = KIND_HINTS.get(result.spec.kind, hint)
+    lines = [status(result, lang) + render("list.colon", {}, lang) + render(hint, {}, lang)]
     for n in result.notes:
         key = HIDDEN_VARIANTS.get(n.key, n.key)
         if hidden_safe(key):

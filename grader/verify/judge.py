@@ -410,7 +410,12 @@ class Judge:
         perturbed = next((run for run in runs.perturbed if all(run.request.perturbs(op) for op in quantity.through)), None)
         calls = [c for c in perturbed.ranks[rank].calls if c.op in quantity.through or
                  (c.op == "recv" and "send" in quantity.through)] if perturbed is not None else []
-        if all(perturbable(d.get("dtype", "")) for c in calls if c.receives for d in c.delivered):
+        # data that reached the rank unperturbed (another operation than the quantity's, not perturbed in
+        # this run) may be what the value was made of: then it is not certainly local
+        unperturbed = perturbed is not None and any(
+            c.receives and c.delivered and not perturbed.request.perturbs(c.op) and c.op != "barrier"
+            for c in perturbed.ranks[rank].calls if c.completed and c.ok)
+        if not unperturbed and all(perturbable(d.get("dtype", "")) for c in calls if c.receives for d in c.delivered):
             return "local"
         return "untraced"
 

@@ -8,7 +8,9 @@ from ..submission.static import StaticReport
 from .diagnose import forbidden_words
 
 
-def static_results(exercise: Exercise, checks: list[Check], report: StaticReport) -> list[CheckResult]:
+def static_results(exercise: Exercise, checks: list[Check], report: StaticReport, source: str | None = None) -> list[CheckResult]:
+    """`source`: the submission's text, to tell an operation written where it never runs (a comment, a
+    string, a dead branch) from one that is not written at all."""
     out = []
     for check in checks:
         if check.forbid:
@@ -28,7 +30,8 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
             out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.called", {
                 "op": check.op, "entry": exercise.entry, "lines": list(lines)})]))
             continue
-        notes = [Note("static.not_called", {"op": check.op, "entry": exercise.entry})]
+        absent = source is not None and check.op not in source
+        notes = [Note("static.not_written" if absent else "static.not_called", {"op": check.op, "entry": exercise.entry})]
         todo = todo_note(exercise, report)
         if todo is not None:
             notes.append(todo)

@@ -163,7 +163,8 @@ def teach(run, ctx) -> list[tuple[str, dict]]:
         if not calls:
             continue
         size = sum(c.sent_bytes for c in calls)
-        each = calls[-1].sent_bytes
+        # one sync of the whole gradient, in the dtype it travelled in (buckets: their elements add up to it)
+        each = NUMEL * calls[0].sent_bytes // max(1, calls[0].sent_numel)
         lines.append(("teach.rank", {"rank": rec.rank, "count": len(calls), "bytes": size, "k": K, "every": K * each}))
     return lines if len(lines) > 1 else []
 
