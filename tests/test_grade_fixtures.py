@@ -36,7 +36,8 @@ ZH_SAMPLE = ("m01_summed_not_averaged", "m09_only_rank0_gathers", "m14_exception
              "m18_rank_not_rank_plus_one", "m20_swapped_return", "m22_gather_then_sum", "m25_all_reduce_on_a_copy",
              "m26_gathered_in_reverse_order", "m27_feature_divided_by_world_size", "m28_own_slice_inserted_again",
              "m29_column_views_interleave", "m30_buffers_aliased_from_the_third", "m31_feature_todo_left_at_zeros",
-             "m32_micro_batches_divided_twice", "m33_all_reduce_per_micro_batch", "m34_all_reduce_result_unused")
+             "m32_micro_batches_divided_twice", "m33_all_reduce_per_micro_batch", "m34_all_reduce_result_unused",
+             "m35_broadcast_per_rank")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ MISTAKES = [
      [("cause.integer_dtype", {"quantity": "gradient", "dtype": "torch.int64"})]),
     ("m03_reduce_not_all_reduce", 50, {"static.all_reduce": "not_called", **ids((2, 3, 4), "all_reduce", "not_collective")},
      [("cause.rooted_op", {"op": "reduce"}), ("static.not_written", {"op": "all_reduce", "entry": "run_worker"}),
-      ("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["all_gather", "reduce"], "line": 7})]),
+      ("cause.other_op", {"quantity": "gradient", "ops": ["all_reduce"], "used": ["reduce"], "line": 7})]),
     ("m04_shared_buffers", 55, ids((2, 3, 4), "all_gather", "wrong"), [("cause.shared_buffers", {})]),
     ("m05_gather_list_too_short", 55, ids((2, 3, 4), "all_gather", "exception"),
      [("cause.gather_list_size", {"op": "all_gather"})]),
@@ -172,6 +173,11 @@ MISTAKES = [
      [("fail.not_collective_derived", {"rank": 0, "quantity": "gradient", "ops": ["all_reduce"]})]),
     ("m34_all_reduce_result_unused", 55, ids((2, 3, 4), "all_reduce", "wrong"),
      [("cause.unchanged", {"quantity": "gradient", "op": "all_reduce"})]),
+    # a broadcast per rank in place of all_gather: the op named (not the gradient's all_reduce beside it)
+    ("m35_broadcast_per_rank", 50, {"static.all_gather": "not_called", **ids((2, 3, 4), "all_gather", "not_collective")},
+     [("static.not_written", {"op": "all_gather", "entry": "run_worker"}),
+      ("cause.other_op", {"quantity": "full_feature", "ops": ["all_gather"], "used": ["broadcast"], "line": 14}),
+      ("cause.other_op_generic", {"quantity": "full_feature", "ops": ["all_gather"], "used": ["broadcast"]})]),   # hidden
 ]
 # causes a mistake must not be said to have (each was once said of it, falsely)
 NOT_SAID = {
@@ -181,6 +187,7 @@ NOT_SAID = {
     "m32_micro_batches_divided_twice": ("cause.hardcoded_ws",),                     # K = 4 micro-batches is no divisor
     "m33_all_reduce_per_micro_batch": ("fail.not_collective",),                     # it did use what was delivered
     "m19_floor_division": ("cause.own_data_divided",),                              # one rank's floor equals its data / 2
+    "m35_broadcast_per_rank": ("fail.not_collective",),                             # it used what the broadcasts delivered
 }
 BY_NAME = {m[0]: m for m in MISTAKES}
 # "hard-coded world size" is said only where the value follows a constant of the source

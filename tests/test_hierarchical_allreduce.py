@@ -61,6 +61,10 @@ MISTAKES = {
     # (and no all_reduce anywhere: the static check's 10)
     "m09_point_to_point_across_nodes": (60, {"static.all_reduce": "not_called", **every("hierarchy", "wrong")},
                                         {"all_reduce": [], "hierarchy": ["cause.groups_flat_p2p"]}),
+    # new_group called by each group's own ranks only: two nodes' groups under one name, found at the switch
+    # (real gloo pairs ranks of both groups, or hangs)
+    "m10_groups_made_by_their_ranks_only": (10, {**every("total", "exception"), **every("hierarchy", "wrong")},
+                                            {"total": ["cause.group_name"], "hierarchy": ["cause.kind_needs_value"]}),
 }
 CHEATS = ("c01_local_sum_dummy_hierarchy", "c02_launder_through_the_leaders", "c03_leader_sends_its_node")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
@@ -138,6 +142,19 @@ def test_point_to_point_is_judged_by_the_ranks_that_send_across_nodes(honest, mi
     for ws in HIDDEN_WS:
         hidden = suite.output_of(mistakes["m09_point_to_point_across_nodes"], f"ws{ws}.hierarchy")
         assert render("cause.groups_flat_p2p_generic", {}, "zh") in hidden and "4096" not in hidden
+
+
+@pytest.mark.timeout(500)
+def test_groups_under_one_name_are_named_without_a_mismatch(mistakes):
+    """Which two groups shared a name, in the student's terms; not "the ranks called different collectives"
+    (the ranks that used the name stopped there); hidden: the rule without ranks."""
+    results = mistakes["m10_groups_made_by_their_ranks_only"]
+    visible = suite.output_of(results, "ws4.total")
+    assert "一个由进程 0、1 组成，一个由进程 2、3 组成" in visible or "一个由进程 2、3 组成，一个由进程 0、1 组成" in visible, visible
+    assert "use_local_synchronization=True" in visible
+    assert "cause.mismatch" not in suite.named(results, "ws4.total")
+    for ws in HIDDEN_WS:
+        assert render("cause.group_name_generic", {}, "zh") in suite.output_of(results, f"ws{ws}.total")
 
 
 @pytest.mark.timeout(500)

@@ -101,6 +101,27 @@ def test_mismatched_calls_are_named_on_every_rank():
     assert "float32(4)" in sim.switch.calls[0][0].error and "float32(5)" in sim.switch.calls[0][0].error
 
 
+def test_two_groups_under_one_name_are_refused_and_named():
+    """torch names a group by the order groups were made in: ranks that made different groups give two groups
+    one name, which gloo connects under one store prefix (ranks of both pair up, or hang). The switch refuses
+    the second group and says which."""
+    from grader.verify import diagnose
+    sim = Sim(4, perturb=())
+    for rank in (0, 1):
+        sim.op(rank, "allreduce", [np.ones(2)], [(2,)], group=[0, 1], gname="1", reduce="SUM")
+    assert all(sim.switch.calls[r][0].ok for r in (0, 1))
+    sim.op(2, "allreduce", [np.ones(2)], [(2,)], group=[2, 3], gname="1", reduce="SUM")
+    error = sim.switch.calls[2][0].error
+    assert "named '1'" in error and "[0, 1]" in error and "[2, 3]" in error and "use_local_synchronization" in error
+    note = diagnose.group_name_conflict(sim.run())
+    assert note.key == "cause.group_name" and (note.params["ranks"], note.params["other"]) == ([2, 3], [0, 1])
+    sim = Sim(4, perturb=())   # a name with the same ranks each time is one group
+    for rank in range(4):
+        sim.op(rank, "allreduce", [np.ones(2)], [(2,)], group=[0, 2] if rank % 2 == 0 else [1, 3],
+               gname="2" if rank % 2 == 0 else "3", reduce="SUM")
+    assert all(sim.switch.calls[r][0].ok for r in range(4)) and diagnose.group_name_conflict(sim.run()) is None
+
+
 def test_point_to_point_rules():
     sim = Sim(2, perturb=())
     sim.op(0, "send", [np.ones(6)], None, peer=1, tag=0)

@@ -241,6 +241,19 @@ CATALOG: dict[str, tuple[str, str]] = {
                                 "Cause: {op} sends pickled bytes of an object, not the tensor itself, so the grader cannot confirm the numbers came through the communication. Use the collective on the tensor directly."),
     "cause.other_op": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}（第 {line} 行）。",
                        "Cause: {quantity} must come through {ops}, but your code used {used} (line {line})."),
+    "cause.group_name": ("原因：进程 {rank} 的 {op}（第 {line} 行）用的进程组与另一个进程组同名：一个由进程 {other} 组成，一个由进程 {ranks} 组成。"
+                         "torch 按创建的先后给进程组编号，所以每个进程都必须按同样的顺序为每个进程组调用 new_group（不在组里的进程也要调用），"
+                         "否则不同的组会得到同一个名字，gloo 会把它们的进程连错或一直等待；只让组内进程调用时，请传 use_local_synchronization=True。",
+                         "Cause: rank {rank}'s {op} (line {line}) is on a group that has another group's name: one of ranks {other}, one of ranks {ranks}. "
+                         "torch numbers groups in the order they are made, so every rank must call new_group for every group, in the same "
+                         "order (ranks outside the group too); otherwise two groups get one name and gloo pairs their ranks wrongly or "
+                         "hangs. Where only the group's ranks call it, pass use_local_synchronization=True."),
+    "cause.group_name_generic": ("原因：两个不同的进程组得到了同一个名字：每个进程都必须按同样的顺序为每个进程组调用 new_group（不在组里的进程也要调用），"
+                                 "或者传 use_local_synchronization=True。",
+                                 "Cause: two different groups got one name: every rank must call new_group for every group, in the same "
+                                 "order (ranks outside the group too), or pass use_local_synchronization=True."),
+    "cause.other_op_generic": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}。",
+                               "Cause: {quantity} must come through {ops}, but your code used {used}."),
     "cause.rooted_op": ("原因：{op} 只把结果留在一个进程（root）上；要让每个进程都拿到结果，请用对应的 all_* 操作。",
                         "Cause: {op} leaves the result on one rank (the root) only; use the matching all_* operation so that every rank gets it."),
     "cause.contribution": ("原因：进程 {rank} 在 {op}（第 {line} 行）中发送的是 {sent}，但它自己的数据是 {own}。每个进程都必须贡献自己的数据。",

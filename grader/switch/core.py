@@ -93,6 +93,7 @@ class Switch:
         self._sends: dict[tuple, deque] = {}                 # (group key, tag, to, from) -> sends
         self._recvs: dict[tuple, deque] = {}                 # (group key, tag, at, from or None) -> receives
         self._posted = 0
+        self._gnames: dict[str, tuple] = {}   # a group's name -> the ranks of the first group seen with it
 
     # -- frames in ----------------------------------------------------------------------------------
     def receive(self, rank: int, header: dict, blobs: list) -> None:
@@ -112,6 +113,16 @@ class Switch:
             raise ProtocolError(f"unexpected frame {kind!r}")
         call, args = self._parse(rank, header, blobs)
         self.calls[rank].append(call)
+        known = self._gnames.setdefault(call.gname, call.group) if call.gname else call.group
+        if known != call.group:
+            # torch names a group by how many groups were made before it, unless use_local_synchronization:
+            # ranks that made different groups (new_group called only by the ranks in it) give two groups
+            # one name, and gloo connects them under one prefix of the store: ranks of both pair up or hang
+            call.problem = {"kind": "group_name", "name": call.gname, "ranks": list(call.group), "other": list(known)}
+            self._fail(call, f"the process group named {call.gname!r} was made for ranks {list(known)} and for ranks "
+                             f"{list(call.group)}: every rank must call new_group for every group, in the same order "
+                             f"(ranks outside the group too), unless use_local_synchronization=True")
+            return
         try:
             if call.op in ("send", "recv"):
                 ops.check_p2p(call, args, len(call.group))

@@ -419,7 +419,7 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
         # included (the other ops may be another quantity's, with this one's TODO still open)
         carried = [c for c in others if _carries(c, quantity, ws, record.rank)]
         if carried:
-            used = sorted({op_name(c) for c in others})
+            used = sorted({op_name(c) for c in carried})   # not another quantity's operation
             notes.append(Note("cause.other_op", {"quantity": quantity.name, "ops": list(quantity.through),
                                                   "used": used, **at(carried[0])}))
             rooted = next((c for c in carried if c.op in ("reduce", "gather")), None)
@@ -482,6 +482,8 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
         return None
     if any(_own_fault_outside(run, rec) for rec in run.ranks):
         return None
+    if group_name_conflict(run) is not None:   # two groups under one name: the ranks that used it stopped there
+        return None
     return Note("cause.mismatch", {"calls": [{"rank": rec.rank, "ops": list(seq)} for rec, seq in zip(run.ranks, sequences)]})
 
 
@@ -528,7 +530,7 @@ def p2p_mismatch(run: RunOutcome) -> list[Note]:
     for rec in run.ranks:
         for call in rec.calls:
             facts = call.problem
-            if call.op != "recv" or not facts:
+            if call.op != "recv" or not facts or "receiver" not in facts:
                 continue
             params = {"rank": facts["receiver"], "peer": facts["sender"], "sent": facts["sent"], "room": facts["room"]}
             if facts["sent"] > facts["room"]:
@@ -539,6 +541,19 @@ def p2p_mismatch(run: RunOutcome) -> list[Note]:
                 found.setdefault("dtype", Note("cause.p2p_dtype", {**params, "sent_dtype": facts["sent_dtype"],
                                                                    "room_dtype": facts["room_dtype"]}))
     return list(found.values())
+
+
+def group_name_conflict(run: RunOutcome) -> Note | None:
+    """Two groups of different ranks under one name, as the switch found them (verify: switch/core.py): torch
+    numbers the groups a rank makes, so ranks that made different groups (new_group called only by the
+    ranks in the group) name different groups alike, and gloo pairs their ranks up or hangs."""
+    for rec in run.ranks:
+        for call in rec.calls:
+            facts = call.problem
+            if facts and facts.get("kind") == "group_name":
+                return Note("cause.group_name", {"rank": rec.rank, "op": op_name(call), **at(call),
+                                                 "ranks": facts["ranks"], "other": facts["other"]})
+    return None
 
 
 def unmatched_receive(run: RunOutcome) -> Note | None:
