@@ -101,6 +101,7 @@ def test_honest_styles_score_100(honest):
     assert any("funcol.all_reduce" in t for t in texts.values())
     assert not any("autocast" in t for t in texts.values())   # manual casts: autocast changes no communication
     assert ".chunk(4)" in texts["h08_float16_buckets"]   # the weights proven through four all-reduce buckets
+    assert "find_unused_parameters=True" in texts["h09_ddp_hook_find_unused_parameters"]   # DDP's int32 map: not traffic
     passed = suite.output_of(honest["h01_half_then_divide"], "ws2.volume")
     assert render("pass.volume", {"op": "all_reduce", "allowed": list(DECL.HALF), "sent": 256, "bound": 256}, "zh") in passed
 

@@ -109,6 +109,8 @@ def test_honest_styles_score_100(honest):
     # the scales no fixed list holds: a DDP gradient divided by K afterwards, a sum divided by N x K
     assert "model.weight.grad / K" in texts["h03_ddp_divide_by_k_after"]
     assert "grad / (world_size * K)" in texts["h04_sum_divide_by_nk"]
+    # DDP's own int32 all-reduce (find_unused_parameters=True) is no second sync of the gradient
+    assert "find_unused_parameters=True" in texts["h09_ddp_require_backward_grad_sync_find_unused"]
 
 
 @pytest.mark.timeout(500)

@@ -23,12 +23,21 @@ import math
 from ..comm import OPS
 from ..exercise.spec import Check
 from ..model import CheckResult, Note, Outcome
+from ..switch.perturb import perturbable
 from ..wire import element_size
 from .diagnose import at, op_name
 
 
 def _done(record, op: str) -> list:
-    return [c for c in record.calls if c.op == op and c.completed and c.ok]
+    """The rank's completed calls of `op` that carried data: integer, bool and byte tensors alone are torch's
+    own control data (DDP's unused-parameter map with find_unused_parameters, the sizes of the *_object
+    collectives), not a communication the exercise counts or weighs."""
+    return [c for c in record.calls if c.op == op and c.completed and c.ok and _data(c)]
+
+
+def _data(call) -> bool:
+    dtypes = call.sent_dtypes + [str(d.get("dtype")) for d in call.delivered or ()] + [str(d.get("dtype")) for d in call.outputs or ()]
+    return not dtypes or any(perturbable(d) for d in dtypes)
 
 
 def _needs_value(judge, check: Check, runs) -> CheckResult | None:
@@ -134,7 +143,7 @@ def _groups(judge, check: Check, run) -> CheckResult:
     first_send: dict[int, object] = {}   # rank -> its first send to another node
     for rec in run.ranks:
         for call in rec.calls:
-            if not (call.completed and call.ok) or OPS.get(call.op) is None:
+            if not (call.completed and call.ok) or OPS.get(call.op) is None or not _data(call):
                 continue
             nodes = sorted({r // node for r in call.group})
             if call.op in ("send", "recv"):
