@@ -93,7 +93,8 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.checks = score.blanket(checks, Outcome.NO_ENTRY, note)
         result.summary.append(note)
         return result
-    result.checks = score.static_results(exercise, static_checks, report, submission.source)
+    written = "\n".join([submission.source, *(getattr(submission, "files", None) or {}).values()])   # %%writefile files too
+    result.checks = score.static_results(exercise, static_checks, report, written)
     todo = score.todo_note(exercise, report)   # issue 20: names only the TODOs still open
     if todo is not None:
         result.summary.append(todo)
