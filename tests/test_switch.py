@@ -122,6 +122,27 @@ def test_two_groups_under_one_name_are_refused_and_named():
     assert all(sim.switch.calls[r][0].ok for r in range(4)) and diagnose.group_name_conflict(sim.run()) is None
 
 
+def test_calls_are_compared_per_group_among_its_members():
+    """A hierarchy's non-leaders make no call on the leaders' group: no mismatch. A member that skips a call
+    of its group is one, named with that group's calls."""
+    from grader.verify import diagnose
+    sim = Sim(4, perturb=())
+    for rank in range(4):
+        sim.op(rank, "allreduce", [np.ones(2)], [(2,)], group=[rank - rank % 2, rank - rank % 2 + 1],
+               gname=str(1 + rank // 2), reduce="SUM")
+    for rank in (0, 2):
+        sim.op(rank, "allreduce", [np.ones(2)], [(2,)], group=[0, 2], gname="3", reduce="SUM")
+    for rank in range(4):
+        sim.switch.finish(rank)
+    assert diagnose.mismatched_calls(sim.run()) is None
+    sim = Sim(2, perturb=())
+    sim.op(0, "allreduce", [np.ones(2)], [(2,)], reduce="SUM")
+    sim.switch.finish(1)
+    note = diagnose.mismatched_calls(sim.run())
+    assert note.key == "cause.mismatch" and note.params["calls"] == [{"rank": 0, "ops": ["all_reduce(2)"]},
+                                                                     {"rank": 1, "ops": []}]
+
+
 def test_point_to_point_rules():
     sim = Sim(2, perturb=())
     sim.op(0, "send", [np.ones(6)], None, peer=1, tag=0)

@@ -477,14 +477,28 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
     silently, hang, or abort). Not said when a rank stopped on its own mistake outside the collectives:
     then the other ranks' extra calls are a consequence, not the cause. Point-to-point operations
     differ by design between ranks and are left out."""
-    sequences = [tuple(_signature(c) for c in rec.calls if c.op not in ("send", "recv")) for rec in run.ranks]
-    if len(set(sequences)) <= 1:
+    # per group: its members' calls on it must agree (a rank outside a group makes none of its calls: the
+    # leaders' all-reduce of a hierarchy is no mismatch for the ranks that are not leaders)
+    groups: dict = {}
+    for rec in run.ranks:
+        for c in rec.calls:
+            if c.op not in ("send", "recv"):
+                groups.setdefault((c.gname, tuple(c.group)), None)
+    differing = None
+    for key in groups:
+        members = [r for r in key[1] if 0 <= r < len(run.ranks)]
+        sequences = [tuple(_signature(c) for c in run.ranks[r].calls
+                           if c.op not in ("send", "recv") and (c.gname, tuple(c.group)) == key) for r in members]
+        if len(set(sequences)) > 1:
+            differing = list(zip(members, sequences))
+            break
+    if differing is None:
         return None
     if any(_own_fault_outside(run, rec) for rec in run.ranks):
         return None
     if group_name_conflict(run) is not None:   # two groups under one name: the ranks that used it stopped there
         return None
-    return Note("cause.mismatch", {"calls": [{"rank": rec.rank, "ops": list(seq)} for rec, seq in zip(run.ranks, sequences)]})
+    return Note("cause.mismatch", {"calls": [{"rank": r, "ops": list(seq)} for r, seq in differing]})
 
 
 def floor_of_delivered(quantity, value: Value, record: RankRecord, ws: int) -> bool:
