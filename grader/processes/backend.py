@@ -285,14 +285,16 @@ def _student_frame() -> dict:
     """Where the student's code called from: the innermost frame of the submission, the public
     torch.distributed function it went through, and whether it asked for async_op."""
     frame = sys._getframe(3)
-    api, async_op = None, None
+    api, async_op, via = None, None, {}
     filenames = getattr(_LINK, "filenames", ())
     while frame is not None:
         code = frame.f_code
         if code.co_filename in filenames:
             written = code.co_filename != getattr(_LINK, "filename", None)
-            return {"line": frame.f_lineno, "function": code.co_name, "api": api, "async": async_op,
+            return {"line": frame.f_lineno, "function": code.co_name, "api": api, "async": async_op, **via,
                     **({"file": os.path.relpath(code.co_filename, os.getcwd())} if written else {})}
+        if code.co_filename.endswith("torch/nn/parallel/distributed.py"):
+            via = {"via": "DistributedDataParallel"}   # DDP's own call (its start-up broadcast, say), not the student's
         if "torch/distributed" in code.co_filename:
             qualname = getattr(code, "co_qualname", code.co_name)
             if "<locals>" not in qualname and not qualname.startswith("_") and "._" not in qualname:
@@ -301,7 +303,7 @@ def _student_frame() -> dict:
                 value = frame.f_locals.get("async_op")
                 async_op = value if isinstance(value, bool) else None
         frame = frame.f_back
-    return {"line": None, "function": None, "api": api, "async": async_op}
+    return {"line": None, "function": None, "api": api, "async": async_op, **via}
 
 
 class GraderProcessGroup(dist.ProcessGroup):

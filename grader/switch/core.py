@@ -193,7 +193,7 @@ class Switch:
                     peer=peer, tag=tag, sends=sends, receives=receives, splits=splits,
                     device=_opt_str(h.get("device"), 16) or "cpu", entered_at=self.clock,
                     line=h.get("line") if _int(h.get("line"), 0, 1 << 31) else None,
-                    file=_opt_str(h.get("file"), 100), function=_opt_str(h.get("function")), api=_opt_str(h.get("api")),
+                    file=_opt_str(h.get("file"), 100), function=_opt_str(h.get("function")), api=_opt_str(h.get("api")), via=_opt_str(h.get("via"), 40),
                     async_op=h.get("async") if isinstance(h.get("async"), bool) else None,
                     gname=_opt_str(h.get("gname")) or "")
         call.inputs = [{"dtype": t.dtype, "shape": list(t.shape), "numel": t.numel} for t in args.flat_in] if sends else []

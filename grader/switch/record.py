@@ -66,6 +66,7 @@ class Call:
     file: str | None = None         # a file a notebook cell wrote (None: the submission itself)
     function: str | None = None
     api: str | None = None
+    via: str | None = None          # a library that made the call on its own ("DistributedDataParallel")
     async_op: bool | None = None
     waited: bool = False
     ms: float = 0.0                 # real-backend runs only: the rank's own timing

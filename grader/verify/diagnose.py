@@ -414,7 +414,7 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
     through = set(quantity.through)
     returned = (record.result or {}).get("how") == "return"   # a rank that stopped early says nothing of its ops
     if returned and through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
-        others = [c for c in record.calls if c.op != "barrier"]
+        others = [c for c in record.calls if c.op != "barrier" and not c.via]   # not DDP's own start-up broadcast
         # another operation in its place: one that carried data of this quantity's size, a send or a recv
         # included (the other ops may be another quantity's, with this one's TODO still open)
         carried = [c for c in others if _carries(c, quantity, ws, record.rank)]
@@ -425,7 +425,7 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
             rooted = next((c for c in carried if c.op in ("reduce", "gather")), None)
             if rooted is not None:
                 notes.append(Note("cause.rooted_op", {"op": op_name(rooted)}))
-        else:
+        elif not any(c.via for c in record.calls):   # with DDP, its all-reduce missing is no TODO left open
             notes.append(Note("cause.op_missing", {"quantity": quantity.name, "ops": list(quantity.through)}))
     for call in record.calls:
         if call.op in quantity.through and call.op in ("all_gather", "gather") and call.receives:
