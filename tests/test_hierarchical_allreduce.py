@@ -101,6 +101,9 @@ def test_honest_hierarchies_score_100(honest):
     assert any("dist.new_group(" in t for t in texts.values()) and any("init_device_mesh(" in t for t in texts.values())
     assert any("dist.new_subgroups(" in t for t in texts.values())
     assert any("reduce_scatter_single" in t for t in texts.values())
+    # a passed value names the operations the student used, not every one the exercise accepts
+    value = suite.output_of(honest["h01_new_group_reduce_broadcast"], "ws4.total")
+    assert render("pass.value", {"quantity": "total", "ops": ["reduce", "all_reduce", "broadcast"]}, "zh") in value, value
     # the leaders' hierarchy: only ranks 0 and 2 send across nodes, one node sum each
     passed = suite.output_of(honest["h01_new_group_reduce_broadcast"], "ws4.hierarchy")
     assert render("pass.groups", {"node": 2, "nodes": 2, "inside": ["broadcast", "reduce"], "crossed": 4096,

@@ -197,7 +197,7 @@ class Judge:
         """One value check (a quantity at a world size), over every rank."""
         quantity = self.exercise.quantity(check.quantity)
         run = runs.clean
-        passed = Note("pass.value", {"quantity": quantity.name, "ops": _ops_text(quantity)})
+        passed = Note("pass.value", {"quantity": quantity.name, "ops": _ops_used(quantity, runs)})
         if run is None:  # skipped: the perturbed run proved every rank's value
             return CheckResult(check, Outcome.PASS, check.points, [passed])
         if run.stop == "grader_error":
@@ -610,6 +610,14 @@ NOT_COLLECTIVE_WORDS = {"local": "fail.not_collective", "derived": "fail.not_col
 
 def _ops_text(quantity: Quantity) -> list[str]:
     return list(quantity.through) or ["-"]
+
+
+def _ops_used(quantity: Quantity, runs: WorldSizeRuns) -> list[str]:
+    """The operations of `through` the ranks completed in the run that decides (what a passed check names:
+    of an exercise that accepts several ways, the one the student took); all of them where none shows."""
+    run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
+    used = {c.op for rec in run.ranks for c in rec.calls if c.completed and c.ok} if run is not None else set()
+    return [op for op in quantity.through if op in used] or _ops_text(quantity)
 
 
 def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
