@@ -191,9 +191,10 @@ def to_bf16(values: np.ndarray) -> np.ndarray:
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
     """float64 values as `dtype` would hold them, back in the array type `tensor` gives for that dtype."""
     fmt = DTYPES[dtype][1]
-    if fmt == "bf16":
-        return from_bf16(to_bf16(values.astype(np.float32)))
-    return values.astype(fmt)
+    with np.errstate(over="ignore", invalid="ignore"):   # past the dtype's range: inf, as torch gives, unwarned
+        if fmt == "bf16":
+            return from_bf16(to_bf16(values.astype(np.float32)))
+        return values.astype(fmt)
 
 
 def as_float64(values: np.ndarray | None) -> np.ndarray | None:
