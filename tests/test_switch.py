@@ -115,7 +115,7 @@ def test_two_groups_under_one_name_are_refused_and_named():
     assert "named '1'" in error and "[0, 1]" in error and "[2, 3]" in error and "use_local_synchronization" in error
     note = diagnose.group_name_conflict(sim.run())
     assert note.key == "cause.group_name" and (note.params["ranks"], note.params["other"]) == ([2, 3], [0, 1])
-    sim = Sim(4, perturb=())   # a name with the same ranks each time is one group
+    sim = Sim(4, perturb=())   # each group under a name of its own (every rank made both): no conflict
     for rank in range(4):
         sim.op(rank, "allreduce", [np.ones(2)], [(2,)], group=[0, 2] if rank % 2 == 0 else [1, 3],
                gname="2" if rank % 2 == 0 else "3", reduce="SUM")
