@@ -55,6 +55,9 @@ MISTAKES = {
                                           "volume": ["cause.kind_needs_value"]}),
     "m07_step_before_the_sync": (70, every("weights", "wrong"), {"weights": [own("cause.local_gradient")]}),
     "m08_step_on_a_copy": (70, every("weights", "wrong"), {"weights": [own("cause.no_update")]}),
+    # all_reduce(grad.half()): the copy summed and dropped, the rank's own gradient used
+    "m10_half_copy_dropped": (10, WRONG_ALL, {"grad": [own("cause.half_copy_dropped")], "weights": [own("cause.half_copy_dropped")],
+                                              "volume": ["cause.kind_needs_value"]}),
     # all_gather in float16 and a local mean: another operation named, never "computed locally"
     "m09_all_gather_then_mean": (0, {"static.all_reduce": "not_called", **every("grad", "not_collective"),
                                      **every("weights", "not_collective"), **every("volume", "wrong")},
@@ -265,3 +268,12 @@ def test_diagnosis_names_each_mistake_from_its_values():
         assert suite.diagnose(EXERCISE, "weights", half, ws, 1) == ["cause.weights_in_half"]
         assert suite.diagnose(EXERCISE, "weights", DECL.expected_weights(1, ws), ws, 1, dtype="torch.float16") == [
             "cause.weights_in_half"]
+        # the rank's own gradient after an all_reduce that completed: its result (on a .half() copy) never read;
+        # without the all_reduce, nothing is said of a copy
+        from types import SimpleNamespace
+        reduced = [SimpleNamespace(op="all_reduce", completed=True, ok=True)]
+        own = DECL.gradient(1)
+        for values in (own / ws, own):
+            assert suite.diagnose(EXERCISE, "grad", values, ws, 1, reduced) == ["cause.half_copy_dropped"]
+            assert suite.diagnose(EXERCISE, "grad", values, ws, 1) == []
+        assert suite.diagnose(EXERCISE, "weights", start - DECL.LR * own / ws, ws, 1, reduced) == ["cause.half_copy_dropped"]

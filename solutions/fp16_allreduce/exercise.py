@@ -116,16 +116,22 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
         return []
     mean, own = mean_gradient(ws), gradient(rank)
     start = initial_weights().reshape(-1)
+    # the rank's own gradient (divided or not) after an all_reduce that completed: its result was not read
+    reduced = any(c.op == "all_reduce" and c.completed and c.ok for c in context.get("calls") or ())
     if quantity == "grad":
         for key, wrong in (("cause.not_divided", ws * mean), ("cause.divided_twice", mean / ws)):
             if _near(values, wrong, "torch.float16"):
                 return [(key, {})]
+        if reduced and any(_near(values, wrong, "torch.float16") for wrong in (own / ws, own)):
+            return [("cause.half_copy_dropped", {})]
         return []
     if getattr(value, "dtype", "") in HALF:
         return [("cause.weights_in_half", {})]
     steps = {"cause.weights_in_half": (_half(_half(start) - _half(LR * mean)), _half(start - LR * mean)),
              "cause.not_divided": (start - LR * ws * mean,), "cause.divided_twice": (start - LR * mean / ws,),
              "cause.local_gradient": (start - LR * own,), "cause.no_update": (start,)}
+    if reduced:
+        steps["cause.half_copy_dropped"] = (start - LR * own / ws,)
     for key, candidates in steps.items():
         if any(np.allclose(values, c, rtol=0, atol=2e-6) for c in candidates):
             return [(key, {})]
@@ -167,6 +173,13 @@ MESSAGES = {
         "原因：权重是用本进程自己的梯度更新的，不是 all_reduce 之后的平均梯度：先同步梯度，再更新权重。",
         "Cause: the weights were updated with this rank's own gradient, not the averaged one from the all_reduce: "
         "synchronise the gradient first, then update the weights."),
+    "cause.half_copy_dropped": (
+        "原因：梯度还是本进程自己的梯度：all_reduce 的结果没有被用到。all_reduce 原地修改传给它的张量，而 .half() 会生成一个新的张量："
+        "dist.all_reduce(grad.half()) 求和的是这个临时副本，结果随之丢掉。先保存它：half = grad.half(); dist.all_reduce(half); "
+        "grad = half.float() / world_size。",
+        "Cause: the gradient is still this rank's own: what the all_reduce delivered was never read. all_reduce changes the tensor "
+        "it is given in place, and .half() makes a new one: dist.all_reduce(grad.half()) sums that temporary copy, and the "
+        "result goes with it. Keep it: half = grad.half(); dist.all_reduce(half); grad = half.float() / world_size."),
     "cause.no_update": (
         "原因：权重还是初始值：没有做 weights -= LR * grad 这一步（或者更新的是一个副本）。",
         "Cause: the weights are still the initial ones: the step weights -= LR * grad did not happen (or it updated a copy)."),
