@@ -65,6 +65,9 @@ MISTAKES = {
     # (real gloo pairs ranks of both groups, or hangs)
     "m10_groups_made_by_their_ranks_only": (10, {**every("total", "exception"), **every("hierarchy", "wrong")},
                                             {"total": ["cause.group_name"], "hierarchy": ["cause.kind_needs_value"]}),
+    # the leaders' all_reduce on the default group: the non-leaders never call it, and the run deadlocks
+    "m11_leaders_all_reduce_on_the_default_group": (10, {**every("total", "deadlock"), **every("hierarchy", "wrong")},
+                                                    {"total": ["cause.mismatch"], "hierarchy": ["cause.kind_needs_value"]}),
 }
 CHEATS = ("c01_local_sum_dummy_hierarchy", "c02_launder_through_the_leaders", "c03_leader_sends_its_node")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
@@ -133,7 +136,8 @@ def test_mistake_scores_and_names_its_cause(mistakes, name):
         # a leader forwards its node's sum: that is no "rank did not send its own data"
         assert "cause.contribution" not in found
         # the non-leaders make no call on the leaders' group: no "the ranks called different collectives"
-        assert "cause.mismatch" not in found, (check_id, found)
+        # unless the mistake is one (a collective of every rank's group that only the leaders call)
+        assert "cause.mismatch" not in found - wanted, (check_id, found)
 
 
 @pytest.mark.timeout(500)
@@ -147,6 +151,15 @@ def test_point_to_point_is_judged_by_the_ranks_that_send_across_nodes(honest, mi
     for ws in HIDDEN_WS:
         hidden = suite.output_of(mistakes["m09_point_to_point_across_nodes"], f"ws{ws}.hierarchy")
         assert render("cause.groups_flat_p2p_generic", {}, "zh") in hidden and "4096" not in hidden
+
+
+@pytest.mark.timeout(500)
+def test_a_collective_only_the_leaders_call_is_named_on_its_group(mistakes):
+    """The mismatch named is the default group's (ranks 1 and 3 never called its all_reduce), not the node
+    group's, where rank 0 only stopped early, stuck in that all_reduce."""
+    visible = suite.output_of(mistakes["m11_leaders_all_reduce_on_the_default_group"], "ws4.total")
+    calls = [{"rank": r, "ops": ["all_reduce(512)"] if r % 2 == 0 else []} for r in range(4)]
+    assert render("cause.mismatch", {"calls": calls}, "zh") in visible, visible
 
 
 @pytest.mark.timeout(500)

@@ -484,16 +484,18 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
         for c in rec.calls:
             if c.op not in ("send", "recv"):
                 groups.setdefault((c.gname, tuple(c.group)), None)
-    differing = None
+    candidates = []
     for key in groups:
         members = [r for r in key[1] if 0 <= r < len(run.ranks)]
         sequences = [tuple(_signature(c) for c in run.ranks[r].calls
                            if c.op not in ("send", "recv") and (c.gname, tuple(c.group)) == key) for r in members]
         if len(set(sequences)) > 1:
-            differing = list(zip(members, sequences))
-            break
-    if differing is None:
+            candidates.append(list(zip(members, sequences)))
+    if not candidates:
         return None
+    # the group some member never called at all (a collective only some ranks call) before one whose members
+    # merely stopped early (stuck in that call elsewhere), then the larger group
+    differing = max(candidates, key=lambda pairs: (any(not seq for _, seq in pairs), len(pairs)))
     if any(_own_fault_outside(run, rec) for rec in run.ranks):
         return None
     if group_name_conflict(run) is not None:   # two groups under one name: the ranks that used it stopped there
