@@ -208,3 +208,24 @@ def test_a_perturbed_run_that_delivered_nothing_is_its_world_sizes_clean_run(tmp
     summed, _ = grade(FIXTURES / "batch" / "summed.py")
     assert {label for _, label in run_labels(summed)} >= {"perturbed", "clean"}
     assert {ws for ws, label in run_labels(summed) if label == "clean"} == {2, 3, 4}
+
+
+@pytest.mark.timeout(120)
+def test_code_stuck_on_real_gloo_loses_the_visible_world_size_after_a_second_try(tmp_path):
+    """Right through the switch, stuck on gloo after the gradient and before the feature: the real-backend
+    run runs out of time, is tried once more with twice the time (a loaded machine must not cost an honest
+    student), and then costs the visible check whose value it did not reach, saying why (a value check is
+    read on the real run as on the switch's: the gradient was right in its locals); the hidden world sizes
+    keep their points."""
+    from conftest import grade_cli
+    from grader.feedback.messages import render
+    results, proc = grade_cli(FIXTURES / "real_backend" / "hangs_on_gloo.py", tmp_path, "--exercise", "dist_primitives",
+                              "--time-limit", "2")
+    got = outcomes(results)
+    assert (got["ws2.all_reduce"], got["ws2.all_gather"]) == ("pass", "real_backend"), got
+    assert all(got[f"ws{ws}.{q}"] == "pass" for ws in (3, 4) for q in ("all_reduce", "all_gather")), got
+    assert results["score"] == 85
+    real = [r for r in results["extra_data"]["runs"] if r.get("label") == "real"]
+    assert [r.get("stop") for r in real] == ["timeout"] and real[0]["elapsed"] >= 3.5, real   # the second, 2 x 2 s
+    text = "\n".join(t["output"] for t in results["tests"])
+    assert render("fail.real_backend", {"backend": "gloo"}, "en") in text

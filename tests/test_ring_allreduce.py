@@ -107,6 +107,8 @@ MISTAKES = {
     "m22_two_rings_both_ways": (65, {"ws3.ring": ["cause.traffic_peers"], "ws5.ring": ["cause.traffic_peers"],
                                      "ws3.traffic": ["cause.traffic_sends"]}),
     "m23_ring_with_stride_two": (95, {"ws5.ring": ["cause.traffic_not_neighbour"]}),
+    # receives with tag 0, sends with the phase's and step's: a deadlock, the two tags named
+    "m24_tags_differ": (20, {"ws2.values": ["fail.deadlock_inside", "cause.p2p_tag"], "ws5.values": ["cause.p2p_tag"]}),
 }
 # causes each was once told, falsely
 NOT_SAID = {
@@ -174,6 +176,13 @@ def test_deadlock_lesson_in_a_hidden_check(mistakes):
     wrong = mistakes["m07_wrong_neighbour"]
     assert "cause.all_blocked_in_send" not in causes(wrong, "ws3.values")
     assert outcomes(wrong)["ws2.values"] == "pass" and outcomes(wrong)["ws3.values"] == "deadlock"
+    # receives and sends with different tags: the two tags, visible; the rule alone, hidden
+    tags = mistakes["m24_tags_differ"]
+    visible = next(t["output"] for t in tags["tests"] if t["name"] == "Ring all-reduce: values (2 ranks)")
+    assert any(render("cause.p2p_tag", {"rank": r, "peer": 1 - r, "line": 26, "tag": 0, "sent_tag": 10}, "en") in visible
+               for r in (0, 1)), visible
+    hidden = [t["output"] for t in tags["tests"] if t["name"].startswith("Hidden check") and "values" in t["name"]]
+    assert all(render("cause.p2p_tag_generic", {}, "en") in h and "10" not in h for h in hidden), hidden
 
 
 # ------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ NEEDS_VALUE = ("cause.kind_needs_value", "cause.traffic_needs_value")
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.
 SAFE_PARAMS = {"quantity", "op", "ops", "used", "other", "reduce", "formula"}   # used: op names; formula: "2(N-1)/N x S", never a number
 HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op": "cause.other_op_generic",
-                   "cause.group_name": "cause.group_name_generic", "cause.contribution": "cause.contribution_hidden",
+                   "cause.group_name": "cause.group_name_generic", "cause.p2p_tag": "cause.p2p_tag_generic", "cause.contribution": "cause.contribution_hidden",
                    "cause.p2p_unmatched": "cause.p2p_unmatched_generic", "cause.p2p_too_long": "cause.p2p_too_long_generic",
                    "cause.p2p_too_short": "cause.p2p_too_short_generic", "cause.p2p_dtype": "cause.p2p_dtype_generic",
                    **{f"cause.{k}": f"cause.{k}_generic" for k in ("counts_more", "counts_fewer", "counts_all",

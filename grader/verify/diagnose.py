@@ -572,6 +572,26 @@ def group_name_conflict(run: RunOutcome) -> Note | None:
     return None
 
 
+def tag_mismatch(run: RunOutcome) -> Note | None:
+    """A deadlock where a rank waits to receive from a peer whose send to it, also pending, carries another
+    tag: a send pairs only with a receive of the same tag (and group)."""
+    if run.stop != "deadlock":
+        return None
+    for rec in run.ranks:
+        for call in rec.calls:
+            if call.op != "recv" or call.completed or call.peer is None:
+                continue
+            peer = global_peer(call, call.peer)
+            if not 0 <= peer < len(run.ranks):
+                continue
+            for send in run.ranks[peer].calls:
+                if send.op == "send" and not send.completed and global_peer(send, send.peer) == rec.rank \
+                        and send.tag != call.tag and send.group == call.group:
+                    return Note("cause.p2p_tag", {"rank": rec.rank, "peer": peer, **at(call), "tag": call.tag,
+                                                  "sent_tag": send.tag})
+    return None
+
+
 def unmatched_receive(run: RunOutcome) -> Note | None:
     """A deadlock where a rank waits to receive from a peer that never sends to it (a wrong neighbour):
     receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""
