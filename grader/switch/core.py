@@ -113,8 +113,8 @@ class Switch:
             raise ProtocolError(f"unexpected frame {kind!r}")
         call, args = self._parse(rank, header, blobs)
         self.calls[rank].append(call)
-        known = self._gnames.setdefault(call.gname, call.group) if call.gname else call.group
-        if known != call.group:
+        known = self._gnames.setdefault(call.gname, call.group)
+        if call.gname and known != call.group:
             # torch names a group by how many groups were made before it, unless use_local_synchronization:
             # ranks that made different groups (new_group called only by the ranks in it) give two groups
             # one name, and gloo connects them under one prefix of the store: ranks of both pair up or hang

@@ -479,18 +479,16 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
     differ by design between ranks and are left out."""
     # per group: its members' calls on it must agree (a rank outside a group makes none of its calls: the
     # leaders' all-reduce of a hierarchy is no mismatch for the ranks that are not leaders)
-    groups: dict = {}
+    per_group: dict = {}   # (name, ranks) -> rank -> its calls on that group, in order
     for rec in run.ranks:
         for c in rec.calls:
             if c.op not in ("send", "recv"):
-                groups.setdefault((c.gname, tuple(c.group)), None)
+                per_group.setdefault((c.gname, tuple(c.group)), {}).setdefault(rec.rank, []).append(_signature(c))
     candidates = []
-    for key in groups:
-        members = [r for r in key[1] if 0 <= r < len(run.ranks)]
-        sequences = [tuple(_signature(c) for c in run.ranks[r].calls
-                           if c.op not in ("send", "recv") and (c.gname, tuple(c.group)) == key) for r in members]
-        if len(set(sequences)) > 1:
-            candidates.append(list(zip(members, sequences)))
+    for (_, members), calls in per_group.items():
+        pairs = [(r, tuple(calls.get(r, ()))) for r in members if 0 <= r < len(run.ranks)]
+        if len({seq for _, seq in pairs}) > 1:
+            candidates.append(pairs)
     if not candidates:
         return None
     # the group some member never called at all (a collective only some ranks call) before one whose members

@@ -8,7 +8,7 @@ from ..submission.static import StaticReport
 from .diagnose import forbidden_words
 
 
-def static_results(exercise: Exercise, checks: list[Check], report: StaticReport, source: str | None = None) -> list[CheckResult]:
+def static_results(exercise: Exercise, checks: list[Check], report: StaticReport, source: str) -> list[CheckResult]:
     """`source`: the submission's text, to tell an operation written where it never runs (a comment, a
     string, a dead branch) from one that is not written at all."""
     out = []
@@ -30,7 +30,7 @@ def static_results(exercise: Exercise, checks: list[Check], report: StaticReport
             out.append(CheckResult(check, Outcome.PASS, check.points, [Note("static.called", {
                 "op": check.op, "entry": exercise.entry, "lines": list(lines)})]))
             continue
-        absent = source is not None and check.op not in source
+        absent = check.op not in source
         notes = [Note("static.not_written" if absent else "static.not_called", {"op": check.op, "entry": exercise.entry})]
         todo = todo_note(exercise, report)
         if todo is not None:
