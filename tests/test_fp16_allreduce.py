@@ -67,7 +67,8 @@ MISTAKES = {
 }
 # the quantities each cheat fakes (the volume check counts for a right gradient only)
 CHEATS = {"c01_local_answer_dummy_half_all_reduce": ("grad", "weights"), "c02_launder_the_mean": ("grad", "weights"),
-          "c03_rank0_contributes_for_all": ("grad", "weights"), "c04_honest_grad_local_weights": ("weights",)}
+          "c03_rank0_contributes_for_all": ("grad", "weights"), "c04_honest_grad_local_weights": ("weights",),
+          "c05_int64_fixed_point_beside_local_weights": ("weights",)}
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
 
 

@@ -14,6 +14,8 @@ from itertools import combinations
 
 import numpy as np
 
+from ..switch.perturb import perturbable
+
 HALF = ("torch.float16", "torch.bfloat16")
 
 
@@ -51,7 +53,8 @@ class LinearRun:
     def calls(self, rank: int) -> list:
         """This rank's all-reduces of `numel` elements, buckets joined (_Buckets), in the order they ran."""
         if rank not in self._units:
-            calls = [c for c in self.view.calls[rank] if c.op in self.ops and c.completed and c.ok and c.sends and c.receives]
+            calls = [c for c in self.view.calls[rank] if c.op in self.ops and c.completed and c.ok and c.sends and c.receives
+                     and c.inputs and perturbable(str(c.inputs[0].get("dtype")))]   # integers are never evidence
             units, run, size = [], [], 0
             for call in calls:
                 n = call.sent_numel
