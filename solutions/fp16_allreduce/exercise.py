@@ -13,12 +13,12 @@ bfloat16) for ONE all-reduce, averages it, turns it back into float32 and makes 
            1e-4 on weights near 1 is below float16's resolution there (2^-10), so weights kept or updated
            in float16 lose it ("权重更新必须用 fp32").
 
-What is proven (perturbed runs: every all-reduce carries secret deltas): grad is what the all-reduce
-delivered, scaled by 1 or 1/N, every rank having sent its own gradient (scaled, in any dtype) — the
-engine's tracer, with tolerance="torch.float16"; weights are the initial weights minus LR times a
-combination of what the all-reduces delivered to this rank that weighs every rank's gradient 1/N (each
-rank having sent its own gradient): `weights` is declared combine="own", context=True (the tracer's scales
-are 1, N and 1/N: LR x 1/N is none of them). Then the volume check: every all_reduce carried float16 or
+What is proven (perturbed runs: every all-reduce carries secret deltas): grad is a combination of what
+the all-reduces delivered to this rank that weighs every rank's gradient 1/N, each rank having sent its
+own gradient scaled by anything (1/N, a loss scale, a GradScaler's, in any dtype); weights are the
+initial weights minus LR times such a combination. Both are declared combine="own", context=True, read
+from exercise/linear.LinearRun (the engine's tracer tries the scales 1, N and 1/N only: a loss scale of
+1024, or LR x 1/N, is none of them). Then the volume check: every all_reduce carried float16 or
 bfloat16 and a rank sent at most 128 x 2 bytes in them (half of float32's 512).
 
 Points (100): static 10 (run_worker reaches all_reduce: DDP counts); for each world size 30: the
@@ -73,12 +73,23 @@ def expected_weights(rank: int, ws: int) -> np.ndarray:
 
 
 # -- provenance of the weights: the initial weights minus LR x what the all-reduces delivered ------------
-def _own_weights(rank: int, ws: int, ctx):
-    """The weights this rank can have made from what its all-reduces delivered (perturbed runs)."""
+def _own_grads(rank: int, ws: int, ctx) -> list[np.ndarray]:
+    """The averaged gradients this rank can have made from what its all-reduces delivered (perturbed runs),
+    whatever each rank scaled its gradient by before sending (1/N, a loss scale of 1024, a GradScaler's)."""
     key = ("fp16_allreduce", ws)
     if key not in ctx.view.memo:
         ctx.view.memo[key] = LinearRun(ctx, lambda q: [gradient(q)], NUMEL)
-    grads = ctx.view.memo[key].values(rank, np.full(ws, 1.0 / ws))
+    return ctx.view.memo[key].values(rank, np.full(ws, 1.0 / ws))
+
+
+def _own_grad(rank: int, ws: int, ctx):
+    grads = _own_grads(rank, ws, ctx)
+    return Alternatives(*grads) if grads else np.full(NUMEL, np.nan)
+
+
+def _own_weights(rank: int, ws: int, ctx):
+    """The weights this rank can have made from what its all-reduces delivered (perturbed runs)."""
+    grads = _own_grads(rank, ws, ctx)
     start = initial_weights().reshape(-1)
     return Alternatives(*[start - LR * g for g in grads]) if grads else np.full(NUMEL, np.nan)
 
@@ -88,7 +99,7 @@ QUANTITIES = (
     # context=True although local reads nothing of the run: the engine's generic "a rank did not send its own
     # data" cause (verify/diagnose.contribution_causes) compares with float64's tolerance, so it would name every
     # honest float16 contribution; it skips quantities declared with context=True
-    Quantity("grad", local=lambda rank, ws, ctx: gradient(rank), context=True, combine="mean", through=("all_reduce",),
+    Quantity("grad", local=_own_grad, context=True, combine="own", through=("all_reduce",),
              expected=lambda rank, ws: mean_gradient(ws), shape=SHAPE, tolerance="torch.float16",
              label=("平均梯度 grad", "the averaged gradient grad")),
     Quantity("weights", local=_own_weights, context=True, combine="own", through=("all_reduce",),
