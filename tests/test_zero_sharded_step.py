@@ -103,6 +103,9 @@ CHEATS = {
     "c03_fake_sharded_momentum": ("momentum", "primitives"),
     "c04_probe_deltas_with_zeros": ("params", "momentum"),   # what it adds to its answer is what the probes delivered
     "c05_results_never_read": ("params", "momentum", "primitives"),
+    # honest momentum; the first step's shard computed from the known gradients and gathered, the second step
+    # made from that delivery: the parameters only
+    "c06_step1_params_computed_locally": ("params",),
 }
 POINTS = {"params": 15, "momentum": 10, "primitives": 5}
 HONEST = sorted(p.stem for p in FIX.glob("h*.py"))

@@ -135,6 +135,16 @@ class RunContext:
         return [call.reduce for call in self.view.calls[rank]
                 if call.op == op and call.completed and call.ok and call.receives]
 
+    def exchanged(self, rank: int, op: str) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(what the rank sent, what it was delivered) in each call of `op` that completed with both, in
+        order: the two sides of one call (`sent` and `delivered` each list the calls that have that side)."""
+        out = []
+        for call in self.view.calls[rank]:
+            if call.op == op and call.completed and call.ok and call.sends and call.receives:
+                sides = [[v for v in values if v is not None] for values in (call.sent_values(), call.delivered_values())]
+                out.append(tuple(np.concatenate(side) if side else np.zeros(0) for side in sides))
+        return out
+
     def sent(self, rank: int, op: str) -> list[np.ndarray]:
         out = []
         for call in self.view.calls[rank]:

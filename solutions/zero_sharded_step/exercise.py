@@ -13,8 +13,9 @@ run_worker(rank, world_size) leaves `params` (NUM_PARAMS values, the same on eve
 
 What is proven, in a perturbed run (every tensor sent into reduce_scatter and all_gather carries secret
 deltas): the final parameters are what the last all-gather delivered; each rank fed the all-gather the
-shard it computed from the gradient shards the reduce-scatter delivered to it (its own copy of its
-shard at step 2, or the slice of the gathered parameters), and fed the reduce-scatter its own full
+shard it computed from the gradient shards the reduce-scatter delivered to it (at step 2 from its own
+copy of its shard, or from its slice of the parameters an all-gather delivered where it fed that
+all-gather the first step's shard it computed so), and fed the reduce-scatter its own full
 gradient (or that gradient / N with a sum); its momentum is the one it computed from those deliveries.
 A gradient all-reduced whole and then sliced gives the right numbers from what the all-reduce delivered
 (it is perturbed too): the value points, not the primitives points, also beside a reduce-scatter whose
@@ -184,10 +185,12 @@ def _own_shard(rank: int, ws: int, ctx):
     first, last = steps
     start = _padded(initial_parameters(), ws)[rank * s:(rank + 1) * s]
     bases = [start - LR * first]
-    gathered = ctx.delivered(rank, "all_gather")
-    for earlier in gathered[:max(1, len(gathered) - 1)]:    # the last one delivers what this shard feeds
-        if earlier.size == s * ws:
-            bases.append(earlier[rank * s:(rank + 1) * s])
+    # the first step's gathered parameters count as a base only from an all-gather this rank fed the shard it
+    # computed from its deliveries: a shard computed otherwise (locally, from the known gradients) and gathered
+    # comes back as what was delivered, so it would launder the first step
+    for sent, delivered in ctx.exchanged(rank, "all_gather"):
+        if sent.size == s and delivered.size == s * ws and np.allclose(sent[:real], bases[0][:real], rtol=1e-5, atol=1e-6):
+            bases.append(delivered[rank * s:(rank + 1) * s])
     return Alternatives(*[(base - LR * last)[:real] for base in bases])
 
 
