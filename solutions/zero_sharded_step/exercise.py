@@ -19,7 +19,9 @@ all-gather the first step's shard it computed so), and fed the reduce-scatter it
 gradient (or that gradient / N with a sum); its momentum is the one it computed from those deliveries.
 A gradient all-reduced whole and then sliced gives the right numbers from what the all-reduce delivered
 (it is perturbed too): the value points, not the primitives points, also beside a reduce-scatter whose
-result goes unused (calls beside the steps', a warm-up say, are passed over).
+result goes unused (calls beside the steps', a warm-up say, are passed over). Each reduce-scatter and
+all-gather may be whole or bucketed: consecutive calls that each carry the same part of every rank's shard
+and together cover the shard once.
 
 Points (100): static 10 (run_worker reaches reduce_scatter 5, all_gather 5); for each world size 30:
 the parameters 15, the momentum shard (sharded optimizer state) 10, the primitives 5 (reduce_scatter
@@ -30,7 +32,6 @@ of neither: the padding counts).
 from __future__ import annotations
 
 import functools
-import itertools
 
 import numpy as np
 
@@ -112,18 +113,99 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
 def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter",
                step: int | None = None) -> float | None:
-    """What rank q fed its k-th reduce-scatter (or all-reduce): its own padded gradient of `step` (default
-    k + 1) (1.0), that gradient divided by N (1/N), or anything else (None). zero_padding: the padding
-    must be zeros too (it lands in the last rank's momentum; the parameters drop it)."""
+    """What rank q fed its k-th all-reduce: its own padded gradient of `step` (default k + 1) (1.0), that
+    gradient divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too (it
+    lands in the last rank's momentum; the parameters drop it)."""
     sent = ctx.sent(q, op)
-    sizes = (shard_size(ws) * ws,) if op == "reduce_scatter" else (shard_size(ws) * ws, P)
-    if len(sent) <= k or sent[k].size not in sizes or (zero_padding and np.any(sent[k][P:] != 0)):
+    if len(sent) <= k or sent[k].size not in (shard_size(ws) * ws, P) or (zero_padding and np.any(sent[k][P:] != 0)):
         return None
     own = local_gradient(q, k + 1 if step is None else step)
     for scale in (1.0, 1.0 / ws):
         if np.allclose(sent[k][:P], scale * own, rtol=2e-5, atol=1e-6):
             return scale
     return None
+
+
+def _bucket_of(sent: np.ndarray, ws: int, q: int, step: int, zero_padding: bool) -> tuple[int, float] | None:
+    """(lo, scale) when what rank q fed a reduce-scatter is, for every rank j in turn, elements lo .. lo + m
+    of rank j's shard of its own padded gradient of `step` times scale (1 or 1/N): the whole gradient
+    (lo = 0, m = shard) or one bucket of every shard. None: anything else."""
+    s = shard_size(ws)
+    if sent.size == 0 or sent.size % ws or sent.size // ws > s:
+        return None
+    m = sent.size // ws
+    grid = _padded(local_gradient(q, step), ws).reshape(ws, s)
+    fed = sent.reshape(ws, m)
+    real = np.arange(ws * s).reshape(ws, s) < P      # the rest is padding: zeros where zero_padding, else anything
+    for scale in (1.0, 1.0 / ws):
+        for lo in np.nonzero(np.abs(scale * grid[0, :s - m + 1] - fed[0, 0]) <= 1e-6 + 2e-5 * np.abs(fed[0, 0]))[0]:
+            inside = real[:, lo:lo + m]
+            if np.allclose(fed[inside], scale * grid[:, lo:lo + m][inside], rtol=2e-5, atol=1e-6) and not (
+                    zero_padding and np.any(fed[~inside] != 0)):
+                return int(lo), scale
+    return None
+
+
+def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
+    """The momentum after each step from the calls of `op` that carried the steps' gradients, in order:
+    a step is one call of the whole gradient, or consecutive buckets that cover the rank's shard once
+    (calls beside them, a warm-up or a repeat say, are passed over)."""
+    s = shard_size(ws)
+    reduces = ctx.reduces(rank, op)
+    if op == "all_reduce":
+        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d
+                     for d in ctx.delivered(rank, op)]
+    else:
+        delivered = ctx.delivered(rank, op)
+    if len(delivered) > 64:
+        return None
+    momentum, out, k = np.zeros(s), [], 0
+    for step in range(1, STEPS + 1):
+        grad, covered = np.zeros(s), np.zeros(s, dtype=bool)
+        while not covered.all() and k < len(delivered):
+            piece = _piece(op, rank, ws, ctx, zero_padding, k, step, delivered[k], reduces[k])
+            k += 1
+            if piece is None:
+                continue
+            lo, values = piece
+            if covered[lo:lo + values.size].any():
+                continue
+            grad[lo:lo + values.size], covered[lo:lo + values.size] = values, True
+        if not covered.all():
+            return None
+        momentum = MOMENTUM * momentum + grad
+        out.append(momentum)
+    return out
+
+
+def _piece(op: str, rank: int, ws: int, ctx, zero_padding: bool, k: int, step: int, delivered: np.ndarray,
+           reduce: str | None) -> tuple[int, np.ndarray] | None:
+    """(where in the rank's shard, the averaged gradient there) that call k of `op` delivered, when every
+    rank fed it the same part of its own gradient of `step` at the same scale; None: it carried no step."""
+    if reduce not in (None, "SUM", "AVG"):
+        return None
+    if op == "all_reduce":
+        scales = {_fed_scale(q, k, ws, ctx, zero_padding, op, step) for q in range(ws)}
+        lo = 0 if delivered.size == shard_size(ws) else None
+    else:
+        found = set()
+        for q in range(ws):
+            sent = ctx.sent(q, op)
+            found.add(_bucket_of(sent[k], ws, q, step, zero_padding) if k < len(sent) else None)
+        if len(found) != 1 or None in found:
+            return None
+        lo, scale = found.pop()
+        scales = {scale} if delivered.size * ws == ctx.sent(rank, op)[k].size else {None}
+    if len(scales) != 1 or None in scales or lo is None:
+        return None
+    fed = scales.pop()
+    if reduce == "AVG":
+        if fed != 1.0:
+            return None                             # an average of gradients / N is N times too small
+        factor = 1.0
+    else:
+        factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
+    return lo, factor * delivered
 
 
 def _momentum_steps(rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
@@ -136,36 +218,6 @@ def _momentum_steps(rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndar
         steps = _steps_through(op, rank, ws, ctx, zero_padding)
         if steps is not None:
             return steps
-    return None
-
-
-def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
-    """The momentum after each step from the calls of `op` that carried the steps' gradients: STEPS of them,
-    in order (others beside them, a warm-up say, are passed over)."""
-    s = shard_size(ws)
-    delivered = ctx.delivered(rank, op)
-    if op == "all_reduce":
-        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d for d in delivered]
-    reduces = ctx.reduces(rank, op)
-    if len(delivered) > 8:
-        return None
-    for chosen in itertools.combinations([k for k, d in enumerate(delivered) if d.size == s], STEPS):
-        momentum, out = np.zeros(s), []
-        for step, k in enumerate(chosen, 1):
-            scales = {_fed_scale(q, k, ws, ctx, zero_padding, op, step) for q in range(ws)}
-            if len(scales) != 1 or None in scales:
-                break
-            fed = scales.pop()
-            if reduces[k] == "AVG":
-                factor = 1.0 if fed == 1.0 else None       # an average of gradients / N is N times too small
-            else:
-                factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
-            if factor is None or reduces[k] not in (None, "SUM", "AVG"):
-                break
-            momentum = MOMENTUM * momentum + factor * delivered[k]
-            out.append(momentum)
-        else:
-            return out
     return None
 
 
@@ -187,10 +239,24 @@ def _own_shard(rank: int, ws: int, ctx):
     bases = [start - LR * first]
     # the first step's gathered parameters count as a base only from an all-gather this rank fed the shard it
     # computed from its deliveries: a shard computed otherwise (locally, from the known gradients) and gathered
-    # comes back as what was delivered, so it would launder the first step
-    for sent, delivered in ctx.exchanged(rank, "all_gather"):
-        if sent.size == s and delivered.size == s * ws and np.allclose(sent[:real], bases[0][:real], rtol=1e-5, atol=1e-6):
-            bases.append(delivered[rank * s:(rank + 1) * s])
+    # comes back as what was delivered, so it would launder the first step (whole, or in buckets that cover
+    # the shard once)
+    gathered, covered = np.zeros(s), np.zeros(s, dtype=bool)
+    exchanged = ctx.exchanged(rank, "all_gather")
+    for sent, delivered in exchanged if len(exchanged) <= 64 else ():
+        m = sent.size
+        if not 0 < m <= s or delivered.size != m * ws:
+            continue
+        lows = np.arange(s - m + 1)
+        starts = np.nonzero(np.isclose(sent[0], bases[0][lows], rtol=1e-5, atol=1e-6) | (lows >= real))[0]
+        for lo in starts:
+            upto = max(0, min(m, real - lo))        # the padding a rank feeds may hold anything
+            if not covered[lo:lo + m].any() and np.allclose(sent[:upto], bases[0][lo:lo + upto], rtol=1e-5, atol=1e-6):
+                gathered[lo:lo + m], covered[lo:lo + m] = delivered[rank * m:(rank + 1) * m], True
+                break
+        if covered.all():
+            bases.append(gathered)
+            gathered, covered = np.zeros(s), np.zeros(s, dtype=bool)
     return Alternatives(*[(base - LR * last)[:real] for base in bases])
 
 
