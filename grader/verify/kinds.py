@@ -31,13 +31,13 @@ from .diagnose import at, op_name
 def _done(record, op: str) -> list:
     """The rank's completed calls of `op` that carried data: integer, bool and byte tensors alone are torch's
     own control data (DDP's unused-parameter map with find_unused_parameters, the sizes of the *_object
-    collectives), not a communication the exercise counts or weighs."""
+    collectives), and a barrier carries none: not a communication the exercise counts or weighs."""
     return [c for c in record.calls if c.op == op and c.completed and c.ok and _data(c)]
 
 
 def _data(call) -> bool:
     dtypes = call.sent_dtypes + [str(d.get("dtype")) for d in call.delivered or ()] + [str(d.get("dtype")) for d in call.outputs or ()]
-    return not dtypes or any(perturbable(d) for d in dtypes)
+    return any(perturbable(d) for d in dtypes)
 
 
 def _needs_value(judge, check: Check, runs) -> CheckResult | None:
