@@ -171,6 +171,22 @@ def test_a_bound_name_in_dead_code_or_unused_counts_for_nothing():
     assert reached(src) == set()
 
 
+def test_a_method_of_the_submissions_own_class_named_like_a_group_method_is_not_one():
+    # a ring written as a class with its own `allreduce` (from send/recv): not the process group's all_reduce
+    src = """
+    import torch.distributed as dist
+    class Ring:
+        def allreduce(self, t):
+            dist.send(t, 1)
+    def run_worker(r, w):
+        Ring().allreduce(t)
+        getattr(Ring(), "allreduce")(t)
+    """
+    assert reached(src) == {"send"}
+    # without a definition of its own, the name is the process group's
+    assert reached("import torch.distributed as dist\ndef run_worker(r, w):\n    pg.allreduce([t])\n") == {"all_reduce"}
+
+
 def test_torch_modules_to_preload():
     src = "import torch.distributed._functional_collectives as fc\nimport torch.distributed as dist\ndef run_worker(r, w):\n    dist.nn.functional.all_reduce(t)\n"
     modules = inspect(src).torch_modules

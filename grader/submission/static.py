@@ -23,7 +23,8 @@ from . import flow
 
 ENTRY = "run_worker"
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-# Process-group methods whose names say what they are (`send`, `reduce` ... are too common a word).
+# Process-group methods whose names say what they are (`send`, `reduce` ... are too common a word), unless the
+# submission defines a function of that name (its own class's `allreduce` method is not a process group's).
 GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
                  "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
                  "reduce_scatter_tensor_coalesced": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
@@ -73,6 +74,7 @@ class _Scope:
     def __init__(self, parent: _Scope | None = None):
         self.names: dict[str, str] = {}
         self.parent = parent
+        self.defined: set[str] = parent.defined if parent is not None else set()   # the module's own functions
 
     def lookup(self, name: str) -> str | None:
         scope: _Scope | None = self
@@ -165,6 +167,7 @@ class _Module:
         self.tree = tree
         statements = list(_live_statements(tree.body))
         self.scope = _Scope()
+        self.scope.defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self.functions: dict[str, ast.AST] = {}
         for stmt in statements:
             self.scope.bind(stmt)
@@ -404,12 +407,12 @@ def _ops_named(node: ast.AST, scope: _Scope, here: flow.Flow) -> set[str]:
         qualified = scope.qualify(node)
         if qualified in API_NAMES:
             return {API_NAMES[qualified]}
-        if isinstance(node, ast.Attribute) and node.attr in GROUP_METHODS:
+        if isinstance(node, ast.Attribute) and node.attr in GROUP_METHODS and node.attr not in scope.defined:
             return {GROUP_METHODS[node.attr]}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
         base, names = scope.qualify(node.args[0]), here.strings(node.args[1])
         ops = {API_NAMES.get(f"{base}.{name}") for name in names} if base is not None else set()
-        return (ops | {GROUP_METHODS[name] for name in names if name in GROUP_METHODS}) - {None}
+        return (ops | {GROUP_METHODS[name] for name in names if name in GROUP_METHODS and name not in scope.defined}) - {None}
     return set()
 
 
