@@ -8,7 +8,7 @@ from conftest import ROOT, run_cli
 from grader.exercise import registry
 from grader.feedback.report import text_report
 from grader.feedback.results import to_gradescope
-from grader.model import CheckResult, GradingResult, Outcome
+from grader.model import CheckResult, GradingResult, Note, Outcome
 
 EX = registry.get("dist_primitives")
 FULL = ["rlimits", "uid_per_run", "pid_ns", "net_ns", "new_root", "no_new_privs", "seccomp"]
@@ -68,3 +68,18 @@ def test_check_in_chinese_writes_formulas_with_the_chinese_times_sign():
     assert proc.stdout.splitlines()[1] == f"练习：{EX.title[0]}"
     assert "环形算法每个进程发送约 4096 字节（2(2-1)/2 × 4096）" in proc.stdout
     assert not re.search(r"[\dNS)] x [\dNS(]", proc.stdout)
+
+
+def test_a_ranks_control_characters_are_shown_escaped_never_sent_to_the_terminal():
+    # a rank's output and exception message with ANSI sequences (clear the screen, print a forged score, hide
+    # the rest) and a bidirectional override: shown as escapes in the report and in results.json
+    forged = "\x1b[2J\x1b[H\x1b[32mScore: 100 / 100\x1b[0m\x1b[8m \u202eneddih"
+    result = visible_result()
+    result.checks[0] = CheckResult(result.checks[0].spec, Outcome.EXCEPTION, 0, notes=[
+        Note("fail.exception", {"rank": 0, "type": "RuntimeError", "message": forged})])
+    result.outputs = [(0, forged + "\r\x07\n", len(forged))]
+    report, results = text_report(result, "en"), to_gradescope(result, "en")
+    shown = [report, results["output"], *(t["output"] for t in results["tests"])]
+    assert not any(c in text for text in shown for c in "\x1b\x07\r\u202e")
+    assert report.count("\\x1b[2J\\x1b[H\\x1b[32mScore: 100 / 100") == 2 and "\\u202eneddih" in report
+    assert "\\x1b[2J" in results["tests"][0]["output"]

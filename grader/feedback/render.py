@@ -35,8 +35,22 @@ HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op":
                                "chunk", "dtype")}}
 
 
+# Characters a terminal or a notebook acts on instead of showing: C0/C1 controls (ESC starts the ANSI sequences
+# that clear a screen, move the cursor or recolour "FAIL" as "PASS"), and the bidirectional overrides that
+# reorder what is shown. A rank's words (its output, an exception's message) may hold them: shown escaped.
+_BIDI = {*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C}
+_ESCAPED = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x20), *range(0x7F, 0xA0)) if c not in (0x0A, 0x09)}
+_ESCAPED.update({c: f"\\u{c:04x}" for c in _BIDI})
+
+
+def visible(text: str) -> str:
+    """`text` with every control character (but newline and tab) and bidirectional override written as an
+    escape (`\\x1b`, `\\u202e`), so that nothing in it acts on the terminal or notebook that shows it."""
+    return text.translate(_ESCAPED)
+
+
 def note(n: Note, lang: str) -> str:
-    return render(n.key, n.params, lang)
+    return visible(render(n.key, n.params, lang))
 
 
 def words(pair, lang: str) -> str:

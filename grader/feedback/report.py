@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .messages import layer, render
 from ..model import GradingResult, Words
-from .render import check_lines, checks_of, note, title
+from .render import check_lines, checks_of, note, title, visible
 
 OUTPUT_SHOWN = 2000  # characters of each rank's output in the report
 MISSING_LAYERS = ("seccomp_off", "no_new_privs_off", "no_namespaces")   # the sandbox line shows for these
@@ -36,7 +36,7 @@ def text_report(result: GradingResult, lang: str = "zh", staff: bool = False) ->
         lines.append("")
         layers = render("list.comma", {}, lang).join(layer(layer_id, lang) for layer_id in result.layers)
         lines.append(render("summary.layers", {"layers": layers}, lang))
-    return "\n".join(lines) + "\n"
+    return visible("\n".join(lines)) + "\n"
 
 
 def _header(result: GradingResult, lang: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .messages import render
 from ..model import GradingResult
-from .render import check_lines, checks_of, note, title
+from .render import check_lines, checks_of, note, title, visible
 
 
 def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
@@ -18,7 +18,7 @@ def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
         "score": check.score,
         "max_score": check.spec.points,
         "status": "passed" if check.passed else "failed",
-        "output": "\n".join(check_lines(check, lang)),
+        "output": visible("\n".join(check_lines(check, lang))),
         "visibility": check.spec.visibility,
     } for check in result.checks]
     graded = bool(result.checks or result.exercise)   # else no exercise could be told: no score out of 0
@@ -35,7 +35,7 @@ def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
     return {
         "score": 0 if result.grader_error else result.score,
         "execution_time": round(result.execution_time, 3),
-        "output": "\n".join(summary),
+        "output": visible("\n".join(summary)),
         "stdout_visibility": "hidden",
         "tests": tests,
         "extra_data": {
