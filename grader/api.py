@@ -9,6 +9,8 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
+
 from .exercise import registry
 from .exercise.spec import Exercise
 from .model import CheckResult, GradingResult, Note, Outcome
@@ -61,7 +63,9 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
         return lines.in_cells(result, getattr(submission, "line_map", None))
     checks = list(chosen.selected(include_hidden))
     try:
-        result = _grade(submission, chosen, checks, runner, backend, show_output, real_backend)
+        # a student's numbers may overflow or be NaN: the checks judge them, numpy need not warn on stderr
+        with np.errstate(all="ignore"):
+            result = _grade(submission, chosen, checks, runner, backend, show_output, real_backend)
     except Exception:
         result = GradingResult(submission.filename, [CheckResult(c, Outcome.GRADER_ERROR) for c in checks],
                                exercise=chosen.name, grader_error=traceback.format_exc())

@@ -89,6 +89,16 @@ def test_odd_tensors_are_wrong_answers_not_grader_failures(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_values_that_overflow_are_wrong_answers_with_nothing_on_stderr(tmp_path):
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(FIXTURES / "bad" / "overflowing_values.py"), "--exercise", "fp16_allreduce",
+                   "--results", str(results), "--lang", "en")
+    data = json.loads(results.read_text())
+    assert data["extra_data"]["grader_error"] is None and data["score"] < 50, proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_a_failing_rank_is_placed_in_its_collectives(lang):
     """Each failure verdict names the rank and the last collective it entered (or that it entered none)."""
