@@ -239,3 +239,20 @@ def test_code_stuck_on_real_gloo_loses_the_visible_world_size_after_a_second_try
     assert [r.get("stop") for r in real] == ["timeout"] and real[0]["elapsed"] >= 3.5, real   # the second, 2 x 2 s
     text = "\n".join(t["output"] for t in results["tests"])
     assert render("fail.real_backend", {"backend": "gloo"}, "en") in text
+
+
+@pytest.mark.timeout(120)
+def test_an_isend_request_dropped_hangs_on_gloo_and_is_named(tmp_path):
+    """The switch delivers every send it is given; gloo drops the message of an isend request freed before the
+    receiver posts its recv: the real run hangs. The visible checks name the last call each stuck rank made
+    (not "outside any communication": the real run has no switch to say where a rank waits) and the isend
+    never waited on; the hidden world sizes keep their points."""
+    from conftest import grade_cli
+    results, proc = grade_cli(FIXTURES / "real_backend" / "isend_request_dropped.py", tmp_path,
+                              "--exercise", "ring_allreduce", "--time-limit", "2")
+    got = outcomes(results)
+    assert results["score"] == 70 and {got[k] for k in got if k.startswith("ws2.")} == {"real_backend"}, got
+    keys = [c["key"] for c in results["extra_data"]["causes"]["ws2.values"]]
+    assert "fail.timeout_real" in keys and "cause.isend_not_waited" in keys and "fail.timeout_outside" not in keys, keys
+    text = next(t["output"] for t in results["tests"] if t["name"].startswith("Ring all-reduce: values (2"))
+    assert "the last communication it called was recv (line " in text and "its isend (line 1" in text, text

@@ -100,6 +100,7 @@ class RankRecord:
     result: dict | None = None
     notes: list[str] = field(default_factory=list)
     timings: list[dict] = field(default_factory=list)   # real-backend runs: each call as the rank timed it
+    last_started: dict | None = None                    # real-backend runs: the last call it started, as it said
     setup_error: str | None = None
     broken: str | None = None                           # what broke the grader's code inside the rank, after "ready"
     unread: bool = False                                # stopped: it left more than MAX_UNREAD of answers unread
@@ -595,6 +596,9 @@ class Runner:
         elif kind == "note":
             if len(record.notes) < 64:
                 record.notes.append(str(header.get("what"))[:2000])
+        elif kind == "timing_start" and run.request.real:
+            record.last_started = {k: header[k] if type(header[k]) is int else header[k][:80]
+                                   for k in ("op", "line", "api") if type(header.get(k)) in (int, str)}
         elif kind == "timing" and run.request.real and len(record.timings) < MAX_OPS:
             record.timings.append({k: header.get(k) for k in ("op", "method", "line", "api", "ms", "bytes")
                                    if isinstance(header.get(k), (int, float, str))})

@@ -150,6 +150,10 @@ def _where(record: RankRecord, key: str) -> Note:
     if inside is not None:
         return Note(key + "_inside", {"rank": record.rank, "op": op_name(inside), "n": inside.seq + 1,
                                       **at(inside)})
+    last = record.last_started
+    if last:   # a real-backend run: no switch saw where the rank waits, only the last call it started
+        return Note(key + "_real", {"rank": record.rank, "op": last.get("api") or last.get("op") or "?",
+                                    "line": last.get("line") or "?"})
     return Note(key + "_outside", {"rank": record.rank})
 
 

@@ -477,16 +477,33 @@ class Judge:
         lead = Note("fail.real_backend", {"backend": real.request.backend})
         failures = [f for f in (diagnose.rank_failure(real, rec) for rec in real.ranks) if f is not None]
         failure = next((f[1] for f in failures if f[1].key != "fail.stopped"), failures[0][1] if failures else None)
+        if failure is not None and failure.key.startswith("fail.timeout"):
+            failure = [failure, *self._unwaited_sends(runs)]
+        elif failure is not None:
+            failure = [failure]
         if check.kind != "value":
-            return [lead, failure] if failure is not None else []
+            return [lead, *failure] if failure is not None else []
         quantity = self.exercise.quantity(check.quantity)
         for record in real.ranks:
             value, _ = self.value(record, quantity.name)
             if self.judge_clean(quantity, value, ws, record.rank)[0] is not Outcome.PASS:
                 if failure is not None:
-                    return [lead, failure]
+                    return [lead, *failure]
                 return [lead, Note("real.differs", {"backend": real.request.backend, "quantity": quantity.name}),
                         self._rank_value(quantity, ws, record.rank, value)]
+        return []
+
+    @staticmethod
+    def _unwaited_sends(runs: WorldSizeRuns) -> list[Note]:
+        """A hung real run beside a switch run where a rank never waited on an isend's request: on gloo a
+        request dropped before its receiver posts the receive is never delivered (FIELD-NOTES), which the
+        switch, delivering every send it was given, does not show."""
+        for run in runs.switch_runs[:1]:
+            for record in run.ranks:
+                call = next((c for c in record.calls if c.op == "send" and c.completed and c.ok and not c.waited
+                             and c.api == "isend"), None)
+                if call is not None:
+                    return [Note("cause.isend_not_waited", {"rank": record.rank, **diagnose.at(call)})]
         return []
 
     def overrule_static(self, results: list[CheckResult], runs: dict) -> None:
