@@ -169,7 +169,8 @@ class Check:
          "traffic":  at `world_size`, point-to-point exchanges form the declared pattern (`params`)
          "counts":   at `world_size`, how many times `op` completed on each rank (`params`: "count", an int
                      or a function of the world size; "per": "rank" (default) or "all" ranks together;
-                     "at_most": True for a bound, not an exact count)
+                     "at_most": True for a bound, not an exact count; "least": calls carrying fewer
+                     elements are not counted, such as a loss all-reduced for logging)
          "volume":   at `world_size`, the dtype every `op` carried (`params`: "dtypes", the allowed ones)
                      and the bytes a rank sent in them: at most one `quantity`'s elements in those dtypes
                      (or `params["bytes"](ws, elements)`)

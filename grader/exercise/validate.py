@@ -159,6 +159,9 @@ def params(check) -> None:
             raise DeclarationError("declare.params", where, id=cid, field='params["count"]', value=repr(count))
         if p.get("per", "rank") not in ("rank", "all"):
             raise DeclarationError("declare.params", where, id=cid, field='params["per"]', value=repr(p.get("per")))
+        least = p.get("least", 0)
+        if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+            raise DeclarationError("declare.params", where, id=cid, field='params["least"]', value=repr(least)[:80])
     elif check.kind == "volume":
         allowed = p.get("dtypes")
         if not isinstance(allowed, (tuple, list)) or not allowed:

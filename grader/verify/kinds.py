@@ -40,6 +40,12 @@ def _data(call) -> bool:
     return any(perturbable(d) for d in dtypes)
 
 
+def _elements(call) -> int:
+    """The elements a call carried: what it sent, or (a receive only) what it was delivered."""
+    sent = call.sent_numel
+    return sent if sent else sum(int(d.get("numel") or 0) for d in call.delivered or () if isinstance(d, dict))
+
+
 def _needs_value(judge, check: Check, runs) -> CheckResult | None:
     """The check's quantity must pass its value check at this world size (None: it does, or none is named)."""
     if not check.quantity:
@@ -76,8 +82,8 @@ def _counts(check: Check, run, complete: set) -> CheckResult:
     all they did: a rank stopped half-way has not yet made the calls it would have)."""
     p, n = check.params, run.request.world_size
     want = int(p["count"](n)) if callable(p["count"]) else int(p["count"])
-    at_most = bool(p.get("at_most"))
-    counts = [len(_done(rec, check.op)) for rec in run.ranks]
+    at_most, least = bool(p.get("at_most")), int(p.get("least", 0))
+    counts = [sum(1 for c in _done(rec, check.op) if _elements(c) >= least) for rec in run.ranks]
     got = sum(counts) if p.get("per", "rank") == "all" else None
     details = [Note("detail.counts", {"rank": rec.rank, "op": check.op, "count": c}) for rec, c in zip(run.ranks, counts)]
 

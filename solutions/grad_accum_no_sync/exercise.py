@@ -25,9 +25,10 @@ into the all-reduce, is not a combination of the sender's own micro-batches.
 
 Points (100): static 10 (run_worker reaches all_reduce: DDP counts); for each world size 30: the
 gradient 20 (right on every rank, derived from the all-reduce), one all-reduce 10 (exactly one all_reduce
-completed on every rank for the step; it counts only where the gradient is right). K all-reduces (one per
-micro-batch, or DDP without no_sync) earn the gradient's points and not the count's. World size 2 is
-visible; 3 and 4 are hidden.
+completed on every rank for the step; it counts only where the gradient is right; an all_reduce of fewer than
+NUMEL // 4 elements, a loss or a count all-reduced for logging, is not the gradient's and is not
+counted). K all-reduces (one per micro-batch, or DDP without no_sync) earn the gradient's points and not the
+count's. World size 2 is visible; 3 and 4 are hidden.
 """
 from __future__ import annotations
 
@@ -226,7 +227,8 @@ def _runtime(ws: int, hidden: bool) -> tuple[Check, ...]:
               hidden=hidden, world_size=ws, quantity="grad", op="all_reduce"),
         Check(f"ws{ws}.one_all_reduce", "counts", 10,
               ("每一步只做一次 all_reduce（{ws} 个进程）", "One all_reduce for the step ({ws} ranks)"),
-              hidden=hidden, world_size=ws, op="all_reduce", quantity="grad", params={"count": 1, "per": "rank"}),
+              hidden=hidden, world_size=ws, op="all_reduce", quantity="grad",
+              params={"count": 1, "per": "rank", "least": NUMEL // 4}),
     )
 
 
