@@ -46,6 +46,8 @@ MISTAKES = {
     # right numbers, not compressed: the value points, not the volume's
     "m01_float32_all_reduce": (70, every("volume", "wrong"), VOLUME),
     "m02_cast_after_the_all_reduce": (70, every("volume", "wrong"), VOLUME),
+    # float32 in chunks each small enough to pass for a logging all_reduce: together they are the gradient
+    "m11_float32_in_small_chunks": (70, every("volume", "wrong"), VOLUME),
     # the chapter's warning: the weights in float16 lose the update
     "m03_weights_in_float16": (70, every("weights", "wrong"), {"weights": [own("cause.weights_in_half")]}),
     "m04_update_in_float16_cast_back": (70, every("weights", "wrong"), {"weights": [own("cause.weights_in_half")]}),

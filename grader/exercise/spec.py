@@ -170,10 +170,11 @@ class Check:
          "counts":   at `world_size`, how many times `op` completed on each rank (`params`: "count", an int
                      or a function of the world size; "per": "rank" (default) or "all" ranks together;
                      "at_most": True for a bound, not an exact count; "least": calls carrying fewer
-                     elements are not counted, such as a loss all-reduced for logging)
+                     elements are not counted, such as a loss all-reduced for logging, as long as those
+                     together carry fewer than `least`)
          "volume":   at `world_size`, the dtype every `op` carried (`params`: "dtypes", the allowed ones)
                      and the bytes a rank sent in them: at most one `quantity`'s elements in those dtypes
-                     (or `params["bytes"](ws, elements)`)
+                     (or `params["bytes"](ws, elements)`); "least" as for counts
          "groups":   at `world_size`, the groups operations span, with nodes of `params["node"]`
                      consecutive ranks: the operations of `params["inside"]` each stay inside one node, and
                      an operation that crosses nodes takes one rank per node (its leader)

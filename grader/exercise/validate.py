@@ -153,15 +153,15 @@ def params(check) -> None:
     p, where, cid = check.params or {}, check.where, check.id
     if not isinstance(p, dict):
         raise DeclarationError("declare.params", where, id=cid, field="params", value=repr(p)[:80])
+    least = p.get("least", 0)
+    if check.kind in ("counts", "volume") and (isinstance(least, bool) or not isinstance(least, int) or least < 0):
+        raise DeclarationError("declare.params", where, id=cid, field='params["least"]', value=repr(least)[:80])
     if check.kind == "counts":
         count = p.get("count")
         if not (callable(count) or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)):
             raise DeclarationError("declare.params", where, id=cid, field='params["count"]', value=repr(count))
         if p.get("per", "rank") not in ("rank", "all"):
             raise DeclarationError("declare.params", where, id=cid, field='params["per"]', value=repr(p.get("per")))
-        least = p.get("least", 0)
-        if isinstance(least, bool) or not isinstance(least, int) or least < 0:
-            raise DeclarationError("declare.params", where, id=cid, field='params["least"]', value=repr(least)[:80])
     elif check.kind == "volume":
         allowed = p.get("dtypes")
         if not isinstance(allowed, (tuple, list)) or not allowed:

@@ -40,6 +40,17 @@ def _data(call) -> bool:
     return any(perturbable(d) for d in dtypes)
 
 
+def _counted(record, check: Check) -> list:
+    """The rank's calls of `check.op` that a counts or volume check judges: those that carried data, less the
+    ones of fewer than `params["least"]` elements (a loss all-reduced for logging) while all of those
+    together carry fewer than `least` (no quantity can travel in small calls that way)."""
+    done, least = _done(record, check.op), int(check.params.get("least", 0))
+    small = [c for c in done if _elements(c) < least]
+    if small and sum(_elements(c) for c in small) < least:
+        return [c for c in done if _elements(c) >= least]
+    return done
+
+
 def _elements(call) -> int:
     """The elements a call carried: what it sent, or (a receive only) what it was delivered."""
     sent = call.sent_numel
@@ -82,8 +93,8 @@ def _counts(check: Check, run, complete: set) -> CheckResult:
     all they did: a rank stopped half-way has not yet made the calls it would have)."""
     p, n = check.params, run.request.world_size
     want = int(p["count"](n)) if callable(p["count"]) else int(p["count"])
-    at_most, least = bool(p.get("at_most")), int(p.get("least", 0))
-    counts = [sum(1 for c in _done(rec, check.op) if _elements(c) >= least) for rec in run.ranks]
+    at_most = bool(p.get("at_most"))
+    counts = [len(_counted(rec, check)) for rec in run.ranks]
     got = sum(counts) if p.get("per", "rank") == "all" else None
     details = [Note("detail.counts", {"rank": rec.rank, "op": check.op, "count": c}) for rec, c in zip(run.ranks, counts)]
 
@@ -115,7 +126,7 @@ def _volume(judge, check: Check, run) -> CheckResult:
     bound = int(p["bytes"](n, elements)) if callable(p.get("bytes")) else elements * min(element_size(d) for d in allowed)
     notes, details, most = [], [], 0
     for rec in run.ranks:
-        calls = [c for c in _done(rec, check.op) if c.sends]
+        calls = [c for c in _counted(rec, check) if c.sends]
         sent = sum(c.sent_bytes for c in calls)
         most = max(most, sent)
         details.append(Note("detail.volume", {"rank": rec.rank, "op": check.op, "count": len(calls), "sent": sent,

@@ -25,9 +25,9 @@ into the all-reduce, is not a combination of the sender's own micro-batches.
 
 Points (100): static 10 (run_worker reaches all_reduce: DDP counts); for each world size 30: the
 gradient 20 (right on every rank, derived from the all-reduce), one all-reduce 10 (exactly one all_reduce
-completed on every rank for the step; it counts only where the gradient is right; an all_reduce of fewer than
-NUMEL // 4 elements, a loss or a count all-reduced for logging, is not the gradient's and is not
-counted). K all-reduces (one per micro-batch, or DDP without no_sync) earn the gradient's points and not the
+completed on every rank for the step; it counts only where the gradient is right; all-reduces of fewer than
+NUMEL // 4 elements, a loss or a count all-reduced for logging, are not counted while they carry fewer than
+that in all). K all-reduces (one per micro-batch, or DDP without no_sync) earn the gradient's points and not the
 count's. World size 2 is visible; 3 and 4 are hidden.
 """
 from __future__ import annotations
