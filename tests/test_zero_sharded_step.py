@@ -70,6 +70,8 @@ MISTAKES = {
     "m11_one_step": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                      {"params": [("cause.one_step", {})], "momentum": [("cause.one_step", {})]}),
     "m12_update_sign_flipped": (55, every("params", "wrong"), {"params": [SIGN]}),
+    # the same parameters as a momentum restarted every step, but the momentum is right: the update is to blame
+    "m19_update_with_the_gradient": (55, every("params", "wrong"), {"params": [("cause.update_with_gradient", {})]}),
     "m13_momentum_sign_flipped": (25, {**every("params", "wrong"), **every("momentum", "wrong")}, {"params": [SIGN], "momentum": [SIGN]}),
     "m14_first_gradient_reused": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
                                   {"params": [REUSED], "momentum": [REUSED]}),

@@ -234,7 +234,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
     notes += contribution_causes(quantity, ws, record, calls)
-    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.WRONG)
+    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.WRONG, others)
     return notes
 
 
@@ -291,14 +291,18 @@ def _concat_causes(quantity, data: np.ndarray, ws: int, rank: int, dtype: str, l
     return []
 
 
-def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecord, outcome: Outcome) -> list[Note]:
+def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecord, outcome: Outcome,
+                    others: dict | None = None) -> list[Note]:
     """The exercise's own causes (`Exercise.diagnose`) for a rank whose check failed: a wrong value, and
     also an exception, or right numbers that did not come through the communication. The context holds
-    the rank's operations, its value, the outcome and, if it raised, its error."""
+    the rank's operations, its value, the outcome, if it raised, its error, and the rank's other
+    quantities' values (`others`: name -> array, those it left)."""
     if exercise.diagnose is None:
         return []
     context = {"calls": record.calls, "value": value, "outcome": outcome.value,
-               "error": (record.result or {}).get("error"), "returned": (record.result or {}).get("how") == "return"}
+               "error": (record.result or {}).get("error"), "returned": (record.result or {}).get("how") == "return",
+               "others": {name: v.data for name, v in (others or {}).items()
+                          if name != quantity.name and v is not None and v.data is not None}}
     try:
         extra = exercise.diagnose(quantity.name, value.data, ws, record.rank, context) or []
     except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)

@@ -346,7 +346,12 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
                         ("cause.wrong_shard", {"base": "next"}), ("cause.wrong_shard", {"base": "previous"}),
                         ("cause.one_step", {"steps": 1}), ("cause.sign_flipped", {"sign": -1.0}),
                         ("cause.gradient_reused", {"reuse": True}))
-            out += [(key, {}) for key, knobs in mistakes if _close(values, simulate(ws, **knobs)[0])][:1]
+            found = [key for key, knobs in mistakes if _close(values, simulate(ws, **knobs)[0])][:1]
+            momentum = (context.get("others") or {}).get("momentum")
+            if found == ["cause.momentum_reset"] and momentum is not None and momentum.size == s \
+                    and _close(momentum, simulate(ws)[1][rank * s:(rank + 1) * s]):
+                found = ["cause.update_with_gradient"]   # the momentum kept, then left out of the update
+            out += [(key, {}) for key in found]
             tail = P // ws * ws
             if P % ws and _close(values[:tail], simulate(ws)[0][:tail]):
                 out.append(("cause.padding", {}))
@@ -414,6 +419,10 @@ MESSAGES = {
         "原因：reduce_scatter（SUM）得到的是各进程梯度之和，没有除以 world_size（或改用 ReduceOp.AVG）。",
         "Cause: reduce_scatter (SUM) delivers the sum of the ranks' gradients, and it was not divided by world_size "
         "(or use ReduceOp.AVG)."),
+    "cause.update_with_gradient": (
+        "原因：参数是用梯度更新的，而不是用动量：动量算对了，但更新没有用它（params -= LR * momentum）。",
+        "Cause: the parameters were updated with the gradient, not the momentum: the momentum is right, but the "
+        "update does not use it (params -= LR * momentum)."),
     "cause.momentum_reset": (
         "原因：动量每一步都从零重新开始了：动量缓冲区要在两步之间保留（momentum = MOMENTUM * momentum + grad）。",
         "Cause: the momentum restarted from zero at every step: keep the momentum buffer across the steps "
