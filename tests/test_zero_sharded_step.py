@@ -71,6 +71,8 @@ MISTAKES = {
                      {"params": [("cause.one_step", {})], "momentum": [("cause.one_step", {})]}),
     "m12_update_sign_flipped": (55, every("params", "wrong"), {"params": [SIGN]}),
     # the same parameters as a momentum restarted every step, but the momentum is right: the update is to blame
+    "m20_shard_buffer_float64": (10, {**every("params", "exception"), **every("momentum", "exception"),
+                                      **every("primitives", "exception")}, {}),
     "m19_update_with_the_gradient": (55, every("params", "wrong"), {"params": [("cause.update_with_gradient", {})]}),
     "m13_momentum_sign_flipped": (25, {**every("params", "wrong"), **every("momentum", "wrong")}, {"params": [SIGN], "momentum": [SIGN]}),
     "m14_first_gradient_reused": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
@@ -95,6 +97,7 @@ NOT_SAID = {
     "m10_all_reduce_beside_unused_reduce_scatter": ("why.not_delivered", "fail.not_collective"),
     "m15_local_average_into_reduce_scatter": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
     "m16_rank0_sends_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
+    "m20_shard_buffer_float64": (f"{EX}.cause.padding",),   # an error of reduce_scatter is not always the padding's
 }
 # the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication";
 # the primitives too where the answer stays the same when the data in flight changes (the collectives ran on

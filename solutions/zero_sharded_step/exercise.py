@@ -302,6 +302,14 @@ def _not_own_gradient(calls, ws: int, rank: int) -> bool:
     return not any(_close(v[:P], g) for v in sent for g in own)
 
 
+def _unpadded(call, ws: int) -> bool:
+    """A call that failed on sizes the padding would have made right: a tensor of the P parameters, or a
+    shard of P // N (P not a multiple of N), or a list of pieces of unequal sizes (P split N ways)."""
+    sizes = [int(d.get("numel") or 0) for d in [*call.inputs, *call.outputs] if isinstance(d, dict)]
+    listed = [int(d.get("numel") or 0) for d in call.inputs if isinstance(d, dict)]
+    return P in sizes or P // ws in sizes or (len(listed) == ws and len(set(listed)) > 1)
+
+
 def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
     """Causes named in the exercise's terms (no values: hidden checks may show them)."""
     calls = context.get("calls") or []
@@ -311,7 +319,7 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
     out: list[tuple[str, dict]] = []
     if any(c.op == "all_reduce" for c in calls):
         out.append(("cause.forbidden_all_reduce", {"op": "all_reduce"}))
-    if P % ws and any(c.op in ("reduce_scatter", "all_gather") and c.error for c in calls):
+    if P % ws and any(c.op in ("reduce_scatter", "all_gather") and c.error and _unpadded(c, ws) for c in calls):
         out.append(("cause.padding", {}))
     if _gathered_gradients(calls, ws):
         out.append(("cause.gathered_gradients", {}))
