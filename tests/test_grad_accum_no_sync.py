@@ -55,6 +55,9 @@ MISTAKES = {
     "m05_ddp_divided_by_world_size_again": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
                                             {"grad": [own("cause.divided_by_ws_twice")], "one_all_reduce": NEEDS_VALUE},
                                             {"ws4.grad": own("cause.divided_by_k_twice")}),
+    # ReduceOp.AVG divided already: its words, not DDP's
+    "m12_average_then_divided": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
+                                 {"grad": [own("cause.averaged_then_divided")], "one_all_reduce": NEEDS_VALUE}, {}),
     "m06_zero_grad_every_micro_batch": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
                                         {"grad": [own("cause.last_micro_batch_only")], "one_all_reduce": NEEDS_VALUE}, {}),
     "m07_no_sync_for_every_micro_batch": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
@@ -308,6 +311,8 @@ def test_at_n_equal_k_what_the_rank_sent_tells_the_factors_apart():
     assert suite.diagnose(EXERCISE, "grad", big, ws, rank, [sent(mean)]) == ["cause.not_divided_by_ws"]
     small = DECL.expected_grad(rank, ws) / DECL.K
     assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [sent(mean / DECL.K)]) == ["cause.divided_by_k_twice"]
-    assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [sent(mean)]) == ["cause.divided_by_ws_twice"]
+    assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [sent(mean)]) == ["cause.summed_divided_twice"]
+    avg = SimpleNamespace(op="all_reduce", sends=True, reduce="AVG", sent_values=lambda: [mean])
+    assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [avg]) == ["cause.averaged_then_divided"]
     assert sorted(suite.diagnose(EXERCISE, "grad", small, ws, rank, [broadcast, sent(mean / ws)])) == [
         "cause.divided_by_k_twice", "cause.divided_by_ws_twice"]   # DDP: either division is one too many

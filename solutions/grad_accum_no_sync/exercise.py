@@ -118,9 +118,21 @@ def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[t
     if context.get("outcome") != "wrong" or values is None or values.size != NUMEL:
         return []
     found = list(dict.fromkeys(key for key, wrong in mistakes(rank, ws) if _close(values, wrong)))
+    calls = context.get("calls") or []
     if len(found) > 1:      # N == K: a factor K and a factor N look alike; what the rank sent tells them apart
-        found = _by_what_was_sent(found, rank, ws, context.get("calls") or [])
-    return [(key, {}) for key in found]
+        found = _by_what_was_sent(found, rank, ws, calls)
+    return [(_where_divided(key, calls), {}) for key in found]
+
+
+def _where_divided(key: str, calls) -> str:
+    """"Divided by world_size twice" in the words of what divided first: DDP (its broadcasts of the module's
+    state come first), ReduceOp.AVG, or the code itself (a SUM)."""
+    if key != "cause.divided_by_ws_twice" or any(c.op == "broadcast" for c in calls):
+        return key
+    reduces = {getattr(c, "reduce", None) for c in calls if c.op == "all_reduce"}
+    if "AVG" in reduces:
+        return "cause.averaged_then_divided"
+    return "cause.summed_divided_twice" if reduces else key
 
 
 _BY_K = {"cause.not_divided_by_k": "cause.not_divided_by_ws", "cause.divided_by_k_twice": "cause.divided_by_ws_twice"}
@@ -188,6 +200,14 @@ MESSAGES = {
         "原因：梯度被 world_size 除了两次：DDP 在 all_reduce 之前已经把梯度除以 world_size，不要再除一次。",
         "Cause: the gradient was divided by world_size twice: DDP already divides the gradient by world_size before "
         "its all_reduce; do not divide again."),
+    "cause.averaged_then_divided": (
+        "原因：梯度被 world_size 除了两次：ReduceOp.AVG 的 all_reduce 已经求了平均（除以 world_size），之后不要再除一次。",
+        "Cause: the gradient was divided by world_size twice: an all_reduce with ReduceOp.AVG already averages (divides "
+        "by world_size); do not divide again afterwards."),
+    "cause.summed_divided_twice": (
+        "原因：梯度被 world_size 除了两次：all_reduce（SUM）得到 world_size 个梯度之和，只需要除以 world_size 一次。",
+        "Cause: the gradient was divided by world_size twice: all_reduce (SUM) delivers the sum of world_size "
+        "gradients, which needs one division by world_size."),
     "cause.divided_by_k_twice": (
         "原因：梯度被 K 除了两次：loss 已经除以 K 了，累积后的梯度不要再除以 K。",
         "Cause: the gradient was divided by K twice: the loss is already divided by K, so do not divide the "
