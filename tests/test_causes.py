@@ -31,6 +31,10 @@ NO_FIXTURE_CAN_SHOW = {"cause.traffic_none", "cause.traffic_direction", "cause.t
 # fall short of (grad_accum_no_sync's one all-reduce is what makes its gradient right). The toy exercise of
 # tests/test_toy_exercise.py declares both and names them (test_counts_volume_and_groups_checks_graded_end_to_end).
 NOT_IN_THE_COURSE = {"cause.counts_all", "cause.counts_fewer"}
+# Causes only a real-backend run that runs out of time shows: each costs a time limit twice over (the run is
+# tried again with twice the time), so one fixture of its own names it, graded with a short limit in
+# tests/test_cli.py (test_an_isend_request_dropped_hangs_on_gloo_and_is_named).
+REAL_BACKEND_HANGS = {"cause.isend_not_waited"}
 
 
 def emittable() -> set[str]:
@@ -95,7 +99,8 @@ def test_every_cause_is_named_for_a_mistake_and_never_for_an_honest_style(graded
     wanted = emittable()
     assert NO_FIXTURE_CAN_SHOW <= wanted
     said = set().union(*(named(results) for results in mistakes(graded).values()))
-    assert sorted(wanted - NO_FIXTURE_CAN_SHOW - NOT_IN_THE_COURSE - said) == []
+    assert REAL_BACKEND_HANGS <= wanted
+    assert sorted(wanted - NO_FIXTURE_CAN_SHOW - NOT_IN_THE_COURSE - REAL_BACKEND_HANGS - said) == []
     assert said & NO_FIXTURE_CAN_SHOW == set()
     for name, results in honest(graded).items():
         assert not named(results) & wanted, name

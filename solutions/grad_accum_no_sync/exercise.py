@@ -150,6 +150,9 @@ def _by_what_was_sent(found: list[str], rank: int, ws: int, calls) -> list[str]:
     factor = None
     if len(sent) == 1 and sent[0].size == NUMEL:
         factor = next((f for f in (1.0, float(K), 1.0 / K) if _close(sent[0], f * mean)), None)
+    if not ddp and factor == 1.0 / K and {"cause.divided_by_k_twice", "cause.divided_by_ws_twice"} <= set(found):
+        # its mean / K sent (and averaged): at N = K that is also its mean / N, divided again after a sum
+        return ["cause.divided_once_too_often"] + [k for k in found if k not in _BY_K.values() and k not in _BY_K]
     keep = []
     for key in found:
         k_twin = _BY_K.get(key)                                          # key is about K
@@ -208,6 +211,12 @@ MESSAGES = {
         "原因：梯度被 world_size 除了两次：all_reduce（SUM）得到 world_size 个梯度之和，只需要除以 world_size 一次。",
         "Cause: the gradient was divided by world_size twice: all_reduce (SUM) delivers the sum of world_size "
         "gradients, which needs one division by world_size."),
+    "cause.divided_once_too_often": (
+        "原因：梯度多除了一次：要么被 K 除了两次（loss 已经除以 K），要么被 world_size 除了两次（平均已经除以 world_size）。"
+        "K 和 world_size 相等时两者的数值一样，请检查你的代码里是哪一处。",
+        "Cause: the gradient was divided once too often: by K twice (the loss is already divided by K), or by "
+        "world_size twice (the average already divides by it). With K equal to world_size both give the same "
+        "numbers: check which one your code does."),
     "cause.divided_by_k_twice": (
         "原因：梯度被 K 除了两次：loss 已经除以 K 了，累积后的梯度不要再除以 K。",
         "Cause: the gradient was divided by K twice: the loss is already divided by K, so do not divide the "
