@@ -194,6 +194,23 @@ def test_every_floating_element_is_perturbed_one_element_tensors_included():
     assert (out[0] > 2000 + 2 * 1001 / 8 - 1).all()            # beyond float16's rounding and tolerance
 
 
+def test_float16_deltas_are_beyond_its_tolerance_and_keep_an_honest_sum_in_range():
+    """c (1 + |x|) with c from 1/8 to 1/4 for float16: at least 1/8 of 1 + |x| (its tolerance is 2%), and a sum
+    of four ranks' 12000 (48000, under 4/5 of float16's 65504) perturbed stays in range (at most 1.25 x 48000 + 1;
+    with c up to 1 it could reach 96004), while the other dtypes' c reaches 1 (a delta as large as the value)."""
+    from grader.switch import perturb
+    rng = np.random.default_rng(7)
+    x = np.tile(np.array([-15000.0, -1.0, 0.0, 0.5, 1000.0, 15000.0]), 500)
+    delta = perturb.perturbed(x, "torch.float16", rng) - x
+    assert (delta >= (1 + np.abs(x)) / 8 * (1 - 2e-3) - 1e-3).all() and (delta <= (1 + np.abs(x)) / 4 * (1 + 2e-3) + 1e-3).all()
+    assert len({round(float(d), 6) for d in delta[x == 0.0]}) == 5                  # 4/32 .. 8/32
+    sim = Sim(4, dtype="torch.float16")
+    out = sim.all_reduce([np.full(64, 12000.0)] * 4)
+    assert np.isfinite(out[0]).all() and (out[0] <= 1.25 * 48000 + 64).all() and (out[0] >= 48000 + 4 * 12001 / 8 - 64).all()
+    wide = perturb.perturbed(np.zeros(4000), "torch.float32", rng)
+    assert wide.max() == 1.0 and wide.min() == 1 / 256
+
+
 def test_reductions_in_the_dtype():
     bf = [np.array([1.0, 1 / 3], dtype=np.float32)] * 3
     total = reduce_arrays([wire.round_to(a.astype(np.float64), "torch.bfloat16") for a in bf], "SUM", "torch.bfloat16", 3)

@@ -5,9 +5,10 @@ sent, and computes the operation on the perturbed data: what is delivered carrie
 holds a delta before (or apart from) what it was delivered. Numbers a rank computes locally carry none.
 
 Every element of every floating tensor is perturbed, whatever its size (one-element tensors included):
-x + c (1 + |x|), c a positive multiple of 1/256 up to 1 (1/8 for float16 and bfloat16, whose rounding would
-swallow smaller steps): far beyond the comparison tolerance of its dtype, and positive, so deltas never
-cancel across ranks. Integer, bool and byte tensors travel as they were sent: they are the control data of
+x + c (1 + |x|), c a positive multiple of 1/256 up to 1 (of 1/8 for bfloat16, whose rounding would swallow
+smaller steps; for float16 a multiple of 1/32 from 1/8 to 1/4, so that a sum an honest float16 all-reduce
+keeps in range, up to 4/5 of float16's largest 65504, stays in range perturbed): far beyond the comparison
+tolerance of its dtype (2% for 16-bit floats), and positive, so deltas never cancel across ranks. Integer, bool and byte tensors travel as they were sent: they are the control data of
 torch itself (DDP all-gathers int64 parameter shapes and compares them with its own; the *_object
 collectives send sizes and pickles), which perturbing would break in honest programs, and no value is
 ever proven from them (a quantity is floating, and verification only reads perturbed elements as
@@ -22,8 +23,10 @@ import secrets
 
 import numpy as np
 
-STEPS = {"torch.float64": 256, "torch.float32": 256, "torch.float16": 8, "torch.bfloat16": 8,
+STEPS = {"torch.float64": 256, "torch.float32": 256, "torch.float16": 32, "torch.bfloat16": 8,
          "torch.complex64": 256, "torch.complex128": 256}
+LOWEST = {"torch.float16": 4}   # c from LOWEST / STEPS (else 1 / STEPS) ...
+HIGHEST = {"torch.float16": 8}  # ... to HIGHEST / STEPS (else 1)
 
 
 def generator() -> np.random.Generator:
@@ -50,7 +53,7 @@ def perturbed(values: np.ndarray, dtype: str, rng: np.random.Generator) -> np.nd
     wide = np.complex128 if np.iscomplexobj(values) else np.float64
     for at in range(0, flat.size, CHUNK):   # in slices: the wide temporaries stay small
         part = flat[at:at + CHUNK].astype(wide)
-        c = rng.integers(1, steps + 1, size=part.size) / steps
+        c = rng.integers(LOWEST.get(dtype, 1), HIGHEST.get(dtype, steps) + 1, size=part.size) / steps
         part = part + c * (1.0 + np.abs(part))
         out[at:at + CHUNK] = part.astype(values.dtype) if np.iscomplexobj(values) else round_to(part, dtype)
     return out.reshape(values.shape)
