@@ -72,6 +72,9 @@ MISTAKES = {
                                 {"grad": [own("cause.not_averaged")], "one_all_reduce": NEEDS_VALUE}, {}),
     # the gradient synced once but cut into two buckets: proven through both (the value points), two all-reduces
     "m11_two_buckets": (70, every("one_all_reduce", "wrong"), COUNTS, {}),
+    # raised before its division: the exception, and no cause read from the half-made sum in its locals
+    "m14_raises_before_the_division": (10, {**every("grad", "exception"), **every("one_all_reduce", "wrong")},
+                                       {"grad": ["fail.exception"], "one_all_reduce": NEEDS_VALUE}, {}),
 }
 # at N = K = 4, a rank that sent its mean / K (m09) or its gradient / N (m13) sent the same numbers: which
 # division was one too many is not certain, and the cause says either

@@ -197,6 +197,9 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     used_through = bool(calls)   # value patterns say something only if the value went through its operation
     delivered = [d for c in calls if c.completed and c.ok and c.receives for d in c.delivered_values() if d is not None]
     same_size = data is not None and data.size == expected.size and value.floating
+    # a rank that stopped early may have left a value in the making: its numbers alone say nothing of a mistake
+    # (a sum not yet divided is no "sum, not averaged"); what the source shows too (a hard-coded world size, a
+    # floor division), its dtype, shape and operations still do
     if same_size and used_through and quantity.combine == "mean" and not quantity.uses_context:
         own = quantity.local_array(rank, ws)
         made_of_delivered = _scaled_from(data, delivered, (1.0, 1.0 / ws), value.dtype)
@@ -204,9 +207,10 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
                 and not all_close(data, expected, value.dtype) and not raised:
             # its own data divided: what the operation delivered never reached it (a copy was reduced)
             notes.append(Note("cause.own_data_divided", {**label, "op": op_name(calls[0])}))
-        elif all_close(data, expected * ws, value.dtype) and _scaled_from(data, delivered, (1.0,), value.dtype):
+        elif all_close(data, expected * ws, value.dtype) and _scaled_from(data, delivered, (1.0,), value.dtype) \
+                and not raised:
             notes.append(Note("cause.summed_not_averaged", {**label, "ws": ws}))
-        elif all_close(data, expected / ws, value.dtype) and made_of_delivered:
+        elif all_close(data, expected / ws, value.dtype) and made_of_delivered and not raised:
             avg = any(c.reduce == "AVG" for c in calls)
             notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
         elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
@@ -223,10 +227,11 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if data is not None and value.shape and list(value.shape) != shape:
         if quantity.combine == "concat" and list(value.shape) == [ws, int(np.prod(shape)) // ws]:
             notes.append(Note("cause.stack_not_cat", {**label, "shape": value.shape}))
-    if quantity.combine == "concat" and not quantity.uses_context and data is not None and ws > 1 and value.floating:
+    if quantity.combine == "concat" and not quantity.uses_context and data is not None and ws > 1 and value.floating \
+            and not raised:
         notes += _concat_causes(quantity, data, ws, rank, value.dtype, label)
     for name, other in others.items():
-        if name == quantity.name or other is None or other.data is None or data is None:
+        if name == quantity.name or other is None or other.data is None or data is None or raised:
             continue
         theirs = exercise.quantity(name).expected_array(rank, ws)
         if data.size == theirs.size and all_close(data, theirs, value.dtype):
@@ -234,7 +239,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
     notes += contribution_causes(quantity, ws, record, calls)
-    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.WRONG, others)
+    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG, others)
     return notes
 
 
