@@ -109,6 +109,9 @@ MISTAKES = {
     "m23_ring_with_stride_two": (95, {"ws5.ring": ["cause.traffic_not_neighbour"]}),
     # receives with tag 0, sends with the phase's and step's: a deadlock, the two tags named
     "m24_tags_differ": (20, {"ws2.values": ["fail.deadlock_inside", "cause.p2p_tag"], "ws5.values": ["cause.p2p_tag"]}),
+    # every rank receives first: named as such, not as a peer that "never sends to it"
+    "m25_deadlock_recv_first": (10, {"ws2.values": ["fail.deadlock_inside", "cause.all_blocked_in_recv"],
+                                     "ws5.values": ["cause.all_blocked_in_recv"]}),
 }
 # causes each was once told, falsely
 NOT_SAID = {
@@ -117,6 +120,7 @@ NOT_SAID = {
     "m14_send_to_rank_plus_two": ("cause.unchanged",),
     "m15_send_to_self": ("cause.unchanged",),
     "m22_two_rings_both_ways": ("cause.traffic_gather",),   # at 3 ranks every rank hears from both others: no gather
+    "m25_deadlock_recv_first": ("cause.p2p_unmatched",),
 }
 
 

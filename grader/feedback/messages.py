@@ -269,6 +269,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                                "Cause: the ranks did not call the same collectives (e.g. a collective that only some ranks call). Every rank must make the same calls in the same order."),
     "cause.assigned_none": ("原因：dist.{op} 是原地操作，返回 None（只有 async_op=True 时返回一个 work 对象）；t = dist.{op}(...) 会把变量变成 None。直接调用 dist.{op}(...)，然后使用原来的张量。",
                             "Cause: dist.{op} works in place and returns None (a work handle only with async_op=True), so t = dist.{op}(...) leaves None in t. Call dist.{op}(...) on its own and keep using the tensors you passed."),
+    "cause.all_blocked_in_recv": ("原因：每个进程都卡在 recv 里，而没有任何进程发出过 send：每个进程都先 recv 再 send，于是谁也等不到数据。请让一部分进程先发送（例如按进程编号的奇偶交替收发顺序），或者先用 isend 发出、再 recv。",
+                                  "Cause: every rank waits in recv and no rank has sent anything: each receives before it sends, so none ever gets its data. Let some ranks send first (alternate the order by rank parity, say), or post the send with isend before the recv."),
     "cause.p2p_unmatched": ("原因：进程 {rank} 在等待来自进程 {peer} 的数据，但进程 {peer} 从不发给它（它发给了进程 {to}）。检查 send/recv 的对象：发给谁，就要由谁来接收。",
                             "Cause: rank {rank} waits to receive from rank {peer}, which never sends to it (it sends to rank {to}). Check the peers of send and recv: every send needs a receive posted by the rank it goes to."),
     "cause.p2p_tag": ("原因：进程 {rank} 的 recv（第 {line} 行）在等待来自进程 {peer}、tag 为 {tag} 的数据，而进程 {peer} 发给它的 send 用的 tag 是 {sent_tag}：send 只和 tag 相同的 recv 配对。",

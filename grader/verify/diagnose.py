@@ -542,6 +542,18 @@ def blocked_in_send(run: RunOutcome) -> Note | None:
     return None
 
 
+def blocked_in_recv(run: RunOutcome) -> Note | None:
+    """A deadlock where every rank waits in a receive and no send is pending anywhere: each receives before it
+    sends, so none ever sends."""
+    if run.stop != "deadlock":
+        return None
+    waiting = [rec.inside for rec in run.ranks if not rec.finished]
+    posted = any(c.op == "send" and not c.completed for rec in run.ranks for c in rec.calls)
+    if len(waiting) > 1 and all(call is not None and call.op == "recv" for call in waiting) and not posted:
+        return Note("cause.all_blocked_in_recv", {})
+    return None
+
+
 def global_peer(call: Call, peer: int | None) -> int | None:
     """A call's peer (a rank of its group) as a global rank."""
     if peer is None:
@@ -616,8 +628,10 @@ def unmatched_receive(run: RunOutcome) -> Note | None:
             if not 0 <= peer < len(run.ranks):
                 continue
             sends = [c for c in run.ranks[peer].calls if c.op == "send"]
-            if not any(global_peer(c, c.peer) == rec.rank for c in sends):
-                to = sorted({global_peer(c, c.peer) for c in sends} - {None})
+            to = sorted({global_peer(c, c.peer) for c in sends} - {None})
+            # certain only of a peer that sends elsewhere: one that has sent nothing yet (blocked in its own
+            # receive first, say) may still send here
+            if to and not any(global_peer(c, c.peer) == rec.rank for c in sends):
                 return Note("cause.p2p_unmatched", {"rank": rec.rank, "peer": peer, "to": [str(t) for t in to] or ["-"]})
     return None
 
