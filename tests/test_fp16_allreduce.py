@@ -60,6 +60,10 @@ MISTAKES = {
     # all_reduce(grad.half()): the copy summed and dropped, the rank's own gradient used
     "m10_half_copy_dropped": (10, WRONG_ALL, {"grad": [own("cause.half_copy_dropped")], "weights": [own("cause.half_copy_dropped")],
                                               "volume": ["cause.kind_needs_value"]}),
+    # only rank 0 all-reduces: the calls that differ named, the operation not "never run" (rank 0 ran it)
+    "m12_only_rank0_all_reduces": (10, {**every("grad", "deadlock"), **every("weights", "deadlock"), **every("volume", "wrong")},
+                                   {"grad": ["fail.deadlock_inside", "cause.mismatch"], "weights": ["cause.mismatch"],
+                                    "volume": ["cause.kind_needs_value"]}),
     # all_gather in float16 and a local mean: another operation named, never "computed locally"
     "m09_all_gather_then_mean": (0, {"static.all_reduce": "not_called", **every("grad", "not_collective"),
                                      **every("weights", "not_collective"), **every("volume", "wrong")},
@@ -131,6 +135,7 @@ def test_mistake_scores_and_names_its_cause(mistakes, name):
         # a float16 contribution is the rank's own data: no "did not send its own data" for it
         assert "cause.contribution" not in found and "cause.contribution_hidden" not in found
         assert "fail.not_collective" not in found   # "computed locally" is said only where it is certain
+        assert "cause.op_missing" not in found or name == "m09_all_gather_then_mean"
 
 
 @pytest.mark.timeout(500)

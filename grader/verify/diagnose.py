@@ -422,7 +422,13 @@ def _divisors(source: str) -> frozenset:
 # ------------------------------------------------------------------------------------------------
 # What the operations show, whatever became of the value
 
-def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
+def _called_elsewhere(run: RunOutcome | None, rank: int, ops: set) -> bool:
+    return run is not None and any(c.op in ops for rec in run.ranks if rec.rank != rank for c in rec.calls)
+
+
+def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = None) -> list[Note]:
+    """What the rank's operations show. `run`: the rank's run, where another rank's calls tell a TODO left
+    open (no rank calls the operation) from ranks that call different operations (cause.mismatch's)."""
     notes = []
     through = set(quantity.through)
     returned = (record.result or {}).get("how") == "return"   # a rank that stopped early says nothing of its ops
@@ -438,7 +444,8 @@ def call_causes(quantity, ws: int, record: RankRecord) -> list[Note]:
             rooted = next((c for c in carried if c.op in ("reduce", "gather")), None)
             if rooted is not None:
                 notes.append(Note("cause.rooted_op", {"op": op_name(rooted)}))
-        elif not any(c.via for c in record.calls):   # with DDP, its all-reduce missing is no TODO left open
+        elif not any(c.via for c in record.calls) and not _called_elsewhere(run, record.rank, through):
+            # (with DDP, its all-reduce missing is no TODO left open; nor where another rank called it)
             notes.append(Note("cause.op_missing", {"quantity": quantity.name, "ops": list(quantity.through)}))
     for call in record.calls:
         if call.op in quantity.through and call.op in ("all_gather", "gather") and call.receives:

@@ -285,7 +285,7 @@ class Judge:
                 outcome = Outcome.NOT_COLLECTIVE
                 notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
         if outcome is not Outcome.PASS:
-            notes.extend(diagnose.call_causes(quantity, ws, record))
+            notes.extend(diagnose.call_causes(quantity, ws, record, run))
             if not explained:
                 notes.extend(diagnose.exercise_causes(self.exercise, quantity, value, ws, record, outcome))
         return record.rank, outcome, notes, details
