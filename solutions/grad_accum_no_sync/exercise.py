@@ -213,10 +213,9 @@ MESSAGES = {
         "gradients, which needs one division by world_size."),
     "cause.divided_once_too_often": (
         "原因：梯度多除了一次：要么被 K 除了两次（loss 已经除以 K），要么被 world_size 除了两次（平均已经除以 world_size）。"
-        "K 和 world_size 相等时两者的数值一样，请检查你的代码里是哪一处。",
+        "这里从数值上分不出是哪一种，请检查你的代码。",
         "Cause: the gradient was divided once too often: by K twice (the loss is already divided by K), or by "
-        "world_size twice (the average already divides by it). With K equal to world_size both give the same "
-        "numbers: check which one your code does."),
+        "world_size twice (the average already divides by it). The numbers here cannot tell which: check your code."),
     "cause.divided_by_k_twice": (
         "原因：梯度被 K 除了两次：loss 已经除以 K 了，累积后的梯度不要再除以 K。",
         "Cause: the gradient was divided by K twice: the loss is already divided by K, so do not divide the "
