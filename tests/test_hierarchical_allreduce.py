@@ -68,6 +68,10 @@ MISTAKES = {
     # the leaders' all_reduce on the default group: the non-leaders never call it, and the run deadlocks
     "m11_leaders_all_reduce_on_the_default_group": (10, {**every("total", "deadlock"), **every("hierarchy", "wrong")},
                                                     {"total": ["cause.mismatch"], "hierarchy": ["cause.kind_needs_value"]}),
+    # send/recv everywhere, the leaders' all-reduce a ring of their own: the sum proven (a leader adds two
+    # peers' data, its follower's and its ring neighbour's, before it sends on) and hierarchical; only the
+    # static check's 10 (no dist.all_reduce in its text)
+    "m12_point_to_point_ring_across_leaders": (90, {"static.all_reduce": "not_called"}, {"all_reduce": []}),
 }
 CHEATS = ("c01_local_sum_dummy_hierarchy", "c02_launder_through_the_leaders", "c03_leader_sends_its_node")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))

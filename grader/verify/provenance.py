@@ -7,7 +7,8 @@ by element, into:
     element used at most once, any number of calls, chunks, buckets at any offset, views); D[j] is in
     turn made of the elements the ranks sent (observe.RunView.sources), and each of those is explained
     the same way on its sender: as that rank's own data (`Quantity.local`, possibly scaled), as data it
-    received earlier, or as its own data plus data it received (a ring's reduce-scatter step);
+    received earlier, or as its own data plus data it received (a ring's reduce-scatter step; or plus what
+    two peers sent it, at any offsets: a leader that adds its node's data and its ring neighbour's chunk);
   - and the resulting weight of every rank's own data in F[i] is exactly what the exercise says
     (`combine`: 1/N of each rank's data for a mean, one rank's data for a concatenation ...).
 A state a rank computes from what it received (`combine="own"`, an optimizer's momentum shard) is proven
@@ -347,14 +348,19 @@ class Tracer:
                             ties.append((L, kind, (call, k, p, s, s_eff, c)))
             if best is None or best[0] < x.size - t:
                 summed = self._sum_of_deliveries(rank, x, I, t, self._entries(rank, pool, before))
+                if summed is None or summed[0] < x.size - t:
+                    two = self._two_deliveries(rank, x, own, t, pool, usable)
+                    if two is not None and (summed is None or two[0] > summed[0]):
+                        summed = two
                 if summed is not None and (best is None or summed[0] > best[0]):
-                    L, parts, own = summed
-                    for call, k in parts:
+                    L, parts, own = summed[:3]
+                    offsets = summed[3] if len(summed) > 3 else [t] * len(parts)
+                    for (call, k), p in zip(parts, offsets):
                         size = next(d.size for c, kk, d in pool.entries if c is call and kk == k)
-                        self.used.setdefault((call.rank, call.seq, k), np.zeros(size, dtype=bool))[t:t + L] = True
+                        self.used.setdefault((call.rank, call.seq, k), np.zeros(size, dtype=bool))[p:p + L] = True
                         if call not in self.calls:
                             self.calls.append(call)
-                        sub = self._through(call, k, np.arange(t, t + L), I[t:t + L], depth)
+                        sub = self._through(call, k, np.arange(p, p + L), I[t:t + L], depth)
                         if isinstance(sub, Finding):
                             return sub
                         W[:, t:t + L] += sub
@@ -414,6 +420,53 @@ class Tracer:
                     L = int(bad[0]) if bad.size else ok.size
                     if L and (best is None or L > best[0]):
                         best = (L, [(call, k) for call, k, _ in combo], own)
+            if best is not None and best[0] == x.size - t:
+                break
+        return best
+
+    def _two_deliveries(self, rank: int, x: np.ndarray, own: np.ndarray, t: int, pool: _Pool, usable: np.ndarray):
+        """x[t:] as [the rank's own data +] A[a:] + B[b:], two delivered vectors at any offsets: a rank that
+        adds what two peers sent it before it sends on (its node's data and its ring neighbour's chunk).
+        (length, [(call, output)] x 2, own data used, [a, b]), or None. Each delivered element is tried as
+        A[a] once per call, the value x[t] - A[a] (- own) looked up among the delivered: random deltas make
+        a chance match of a run of them all but impossible; past the proof's budget, too complex."""
+        if pool.flat.size == 0 or pool.flat.size > 1 << 16:
+            return None
+        entry_of = np.searchsorted(pool.starts, np.arange(pool.flat.size), "right") - 1
+        ends = np.append(pool.starts[1:], pool.flat.size)
+        free = usable[entry_of].copy()
+        for j, (call, k, data) in enumerate(pool.entries):
+            mask = self.used.get((call.rank, call.seq, k))
+            if mask is not None and free[pool.starts[j]:ends[j]].any():
+                free[pool.starts[j]:ends[j]] &= ~mask
+        candidates = np.flatnonzero(free)
+        best = None
+        for with_own in (True, False):
+            base = x[t] - (own[t] if with_own else 0.0)
+            if not np.isfinite(base):
+                continue
+            self._spend(2 * candidates.size)
+            v = base - pool.flat[candidates]
+            tol = self.atol + self.rtol * np.abs(v)
+            lo = np.searchsorted(pool.order, v - tol, "left")
+            hi = np.searchsorted(pool.order, v + tol, "right")
+            for i in np.flatnonzero(hi > lo)[:256].tolist():
+                a = int(candidates[i])
+                for b in pool.index[lo[i]:hi[i]][:8].tolist():
+                    if b == a or not free[b]:
+                        continue
+                    ja, jb = int(entry_of[a]), int(entry_of[b])
+                    m = min(x.size - t, ends[ja] - a, ends[jb] - b)
+                    if ja == jb:   # one vector as both terms: the two runs must not overlap
+                        m = min(m, abs(a - b))
+                    self._spend(3 * m)
+                    rest = x[t:t + m] - (own[t:t + m] if with_own else 0.0)
+                    ok = self._close(rest, pool.flat[a:a + m] + pool.flat[b:b + m]) & free[a:a + m] & free[b:b + m]
+                    bad = np.flatnonzero(~ok)
+                    L = int(bad[0]) if bad.size else m
+                    if L and (best is None or L > best[0]):
+                        best = (L, [pool.entries[ja][:2], pool.entries[jb][:2]], with_own,
+                                [a - int(pool.starts[ja]), b - int(pool.starts[jb])])
             if best is not None and best[0] == x.size - t:
                 break
         return best
