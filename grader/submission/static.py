@@ -167,7 +167,8 @@ class _Module:
         self.tree = tree
         statements = list(_live_statements(tree.body))
         self.scope = _Scope()
-        self.scope.defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        self.scope.defined = {node.name for node in ast.walk(tree)
+                              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self.functions: dict[str, ast.AST] = {}
         for stmt in statements:
             self.scope.bind(stmt)
@@ -412,7 +413,8 @@ def _ops_named(node: ast.AST, scope: _Scope, here: flow.Flow) -> set[str]:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
         base, names = scope.qualify(node.args[0]), here.strings(node.args[1])
         ops = {API_NAMES.get(f"{base}.{name}") for name in names} if base is not None else set()
-        return (ops | {GROUP_METHODS[name] for name in names if name in GROUP_METHODS and name not in scope.defined}) - {None}
+        own = {GROUP_METHODS[name] for name in names if name in GROUP_METHODS and name not in scope.defined}
+        return (ops | own) - {None}
     return set()
 
 

@@ -8,11 +8,11 @@ Every element of every floating tensor is perturbed, whatever its size (one-elem
 x + c (1 + |x|), c a positive multiple of 1/256 up to 1 (of 1/8 for bfloat16, whose rounding would swallow
 smaller steps; for float16 a multiple of 1/32 from 1/8 to 1/4, so that a sum an honest float16 all-reduce
 keeps in range, up to 4/5 of float16's largest 65504, stays in range perturbed): far beyond the comparison
-tolerance of its dtype (2% for 16-bit floats), and positive, so deltas never cancel across ranks. Integer, bool and byte tensors travel as they were sent: they are the control data of
-torch itself (DDP all-gathers int64 parameter shapes and compares them with its own; the *_object
-collectives send sizes and pickles), which perturbing would break in honest programs, and no value is
-ever proven from them (a quantity is floating, and verification only reads perturbed elements as
-evidence: verify/provenance.py).
+tolerance of its dtype (2% for 16-bit floats), and positive, so deltas never cancel across ranks. Integer,
+bool and byte tensors travel as they were sent: they are the control data of torch itself (DDP all-gathers
+int64 parameter shapes and compares them with its own; the *_object collectives send sizes and pickles),
+which perturbing would break in honest programs, and no value is ever proven from them (a quantity is
+floating, and verification only reads perturbed elements as evidence: verify/provenance.py).
 
 The switch records what entered each operation (record.Call.perturbed), so verification reads the
 deltas from the record; nothing here is secret but the generator's state, which lives in the grader.

@@ -239,7 +239,8 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
     notes += contribution_causes(quantity, ws, record, calls)
-    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG, others)
+    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG,
+                             others)
     return notes
 
 

@@ -217,8 +217,8 @@ class Judge:
         mismatch = diagnose.mismatched_calls(run)
         if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
             notes.append(mismatch)
-        for cause in (diagnose.blocked_in_send(run), diagnose.blocked_in_recv(run), diagnose.unmatched_receive(run), *diagnose.p2p_mismatch(run),
-                      diagnose.group_name_conflict(run), diagnose.tag_mismatch(run)):
+        for cause in (diagnose.blocked_in_send(run), diagnose.blocked_in_recv(run), diagnose.unmatched_receive(run),
+                      *diagnose.p2p_mismatch(run), diagnose.group_name_conflict(run), diagnose.tag_mismatch(run)):
             if cause is not None:
                 notes.append(cause)
         for op in quantity.through:
