@@ -21,7 +21,7 @@ their node, an all-gather inside the node), and an all-reduce inside the node fo
 among the ranks of each local index: in both, every operation that crosses nodes takes one rank per node.
 Point-to-point inside the node counts as the same steps (each rank sends its tensor to its leader, which adds
 them up; after the leaders' all-reduce, the leader sends the total back): a send crosses nodes when its peer
-is in another node.
+is in another node. So does a gather to the leader, which adds up what it gathered (and a scatter back).
 Not accepted: one flat all-reduce over every rank (the right sum; two ranks of each node send across the
 boundary), and anything that makes a reduce or a broadcast cross nodes.
 
@@ -46,7 +46,7 @@ from grader.exercise import Check, Exercise, Quantity, Todo
 LENGTH = 512
 NODE_SIZE = 2
 VISIBLE, HIDDEN = (4,), (6, 8)
-OPS = ("reduce", "all_reduce", "broadcast", "reduce_scatter", "all_gather", "send", "recv")
+OPS = ("reduce", "all_reduce", "broadcast", "reduce_scatter", "all_gather", "gather", "scatter", "send", "recv")
 f32 = np.float32
 
 
