@@ -477,18 +477,18 @@ class Judge:
         lead = Note("fail.real_backend", {"backend": real.request.backend})
         failures = [f for f in (diagnose.rank_failure(real, rec) for rec in real.ranks) if f is not None]
         failure = next((f[1] for f in failures if f[1].key != "fail.stopped"), failures[0][1] if failures else None)
+        # what the real run shows failed, and where it ran out of time, an isend the switch saw never waited on
+        failed = [] if failure is None else [failure]
         if failure is not None and failure.key.startswith("fail.timeout"):
-            failure = [failure, *self._unwaited_sends(runs)]
-        elif failure is not None:
-            failure = [failure]
+            failed += self._unwaited_sends(runs)
         if check.kind != "value":
-            return [lead, *failure] if failure is not None else []
+            return [lead, *failed] if failed else []
         quantity = self.exercise.quantity(check.quantity)
         for record in real.ranks:
             value, _ = self.value(record, quantity.name)
             if self.judge_clean(quantity, value, ws, record.rank)[0] is not Outcome.PASS:
-                if failure is not None:
-                    return [lead, *failure]
+                if failed:
+                    return [lead, *failed]
                 return [lead, Note("real.differs", {"backend": real.request.backend, "quantity": quantity.name}),
                         self._rank_value(quantity, ws, record.rank, value)]
         return []

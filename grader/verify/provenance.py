@@ -20,6 +20,7 @@ operation completed no longer equals what was delivered.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -78,6 +79,16 @@ class _Pool:
     order: np.ndarray      # the concatenated values, sorted
     index: np.ndarray      # the position in the concatenation of each sorted value
     flat: np.ndarray       # the concatenated values, in order
+
+    @functools.cached_property
+    def entry_of(self) -> np.ndarray:
+        """The entry each element of `flat` belongs to."""
+        return np.searchsorted(self.starts, np.arange(self.flat.size), "right") - 1
+
+    @functools.cached_property
+    def ends(self) -> np.ndarray:
+        """Where each entry ends in `flat`."""
+        return np.append(self.starts[1:], self.flat.size)
 
 
 class Tracer:
@@ -353,8 +364,7 @@ class Tracer:
                     if two is not None and (summed is None or two[0] > summed[0]):
                         summed = two
                 if summed is not None and (best is None or summed[0] > best[0]):
-                    L, parts, own = summed[:3]
-                    offsets = summed[3] if len(summed) > 3 else [t] * len(parts)
+                    L, parts, with_own, offsets = summed
                     for (call, k), p in zip(parts, offsets):
                         size = next(d.size for c, kk, d in pool.entries if c is call and kk == k)
                         self.used.setdefault((call.rank, call.seq, k), np.zeros(size, dtype=bool))[p:p + L] = True
@@ -364,7 +374,7 @@ class Tracer:
                         if isinstance(sub, Finding):
                             return sub
                         W[:, t:t + L] += sub
-                    if own:
+                    if with_own:
                         W[rank, t:t + L] += 1.0
                     t += L
                     continue
@@ -400,7 +410,8 @@ class Tracer:
 
     def _sum_of_deliveries(self, rank: int, x: np.ndarray, I: np.ndarray, t: int, entries: list):
         """x[t:] as [the rank's own data +] the sum of several delivered vectors, each aligned with x
-        (a root that adds what every other rank sent it): (length, [(call, output)], own data used)."""
+        (a root that adds what every other rank sent it): (length, [(call, output)], own data used, the
+        position in each output where x[t] is)."""
         aligned = [(call, k, data) for call, k, data in entries
                    if data.size == x.size and not self.used.get((call.rank, call.seq, k), np.zeros(data.size, bool))[t]]
         if len(aligned) < 2 or len(aligned) > 12:
@@ -419,7 +430,7 @@ class Tracer:
                     bad = np.flatnonzero(~ok)
                     L = int(bad[0]) if bad.size else ok.size
                     if L and (best is None or L > best[0]):
-                        best = (L, [(call, k) for call, k, _ in combo], own)
+                        best = (L, [(call, k) for call, k, _ in combo], own, [t] * size)
             if best is not None and best[0] == x.size - t:
                 break
         return best
@@ -432,9 +443,8 @@ class Tracer:
         a chance match of a run of them all but impossible; past the proof's budget, too complex."""
         if pool.flat.size == 0 or pool.flat.size > 1 << 16:
             return None
-        entry_of = np.searchsorted(pool.starts, np.arange(pool.flat.size), "right") - 1
-        ends = np.append(pool.starts[1:], pool.flat.size)
-        free = usable[entry_of].copy()
+        entry_of, ends = pool.entry_of, pool.ends
+        free = usable[entry_of]
         for j, (call, k, data) in enumerate(pool.entries):
             mask = self.used.get((call.rank, call.seq, k))
             if mask is not None and free[pool.starts[j]:ends[j]].any():

@@ -111,15 +111,14 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 
 
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
-def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, op: str = "reduce_scatter",
-               step: int | None = None) -> float | None:
-    """What rank q fed its k-th all-reduce: its own padded gradient of `step` (default k + 1) (1.0), that
-    gradient divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros too (it
-    lands in the last rank's momentum; the parameters drop it)."""
-    sent = ctx.sent(q, op)
+def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, step: int) -> float | None:
+    """What rank q fed its k-th all-reduce: its own (padded) gradient of `step` (1.0), that gradient divided by
+    N (1/N), or anything else (None). zero_padding: the padding must be zeros too (it lands in the last rank's
+    momentum; the parameters drop it)."""
+    sent = ctx.sent(q, "all_reduce")
     if len(sent) <= k or sent[k].size not in (shard_size(ws) * ws, P) or (zero_padding and np.any(sent[k][P:] != 0)):
         return None
-    own = local_gradient(q, k + 1 if step is None else step)
+    own = local_gradient(q, step)
     for scale in (1.0, 1.0 / ws):
         if np.allclose(sent[k][:P], scale * own, rtol=2e-5, atol=1e-6):
             return scale
@@ -185,7 +184,7 @@ def _piece(op: str, rank: int, ws: int, ctx, zero_padding: bool, k: int, step: i
     if reduce not in (None, "SUM", "AVG"):
         return None
     if op == "all_reduce":
-        scales = {_fed_scale(q, k, ws, ctx, zero_padding, op, step) for q in range(ws)}
+        scales = {_fed_scale(q, k, ws, ctx, zero_padding, step) for q in range(ws)}
         lo = 0 if delivered.size == shard_size(ws) else None
     else:
         found = set()
