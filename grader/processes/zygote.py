@@ -40,6 +40,11 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 import torch  # noqa: E402,F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
 
+# What the CPU can do (cpuinfo: CPUID, which traps in a VM, and /proc/cpuinfo), which the first tensor
+# operation of every rank would read again (~0.2 ms): read once here, inherited by every fork (no op runs
+# and no thread starts in the zygote).
+torch._C._get_cpu_capability()
+
 from .. import wire
 from . import rank, sandbox, seccomp
 
