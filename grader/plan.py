@@ -8,18 +8,14 @@ Every graded run goes through the switch (processes/runner.py, switch/). Per wor
             rank: the perturbation never reached the code, so that run is the clean one, Judge.untouched);
   round 3   (rare) a run perturbing only the operations of a quantity that rounds 1-2 could not observe (an
             honest assert fired before it was computed).
-Code that asserts its own values (the chapter's reference does) raises in its perturbed runs: the perturbed
-data fails its asserts. Where value checks alone decide a world size, values proven before that exception
-decide it as returned ones do (a clean run could only show what the code would do after the exception,
-which only other kinds of checks weigh); elsewhere its clean runs decide, and `grade` and `check`, which
-someone waits for, start them in round 1 (each kept only where the perturbed run does not decide alone, so
-the verdicts are those of two rounds).
+Code that asserts its own values (the chapter's reference does) fails its perturbed runs by design, so its
+clean runs decide: `grade` and `check`, which someone waits for, start them in round 1 (each kept only
+where the perturbed run does not decide alone, so the verdicts are those of two rounds).
 
 The real-backend run: the student's code once more, at the visible world size, on torch's own gloo (NCCL
 where enough GPUs are visible), for what the chapter teaches: its output and its real communication times.
-It is needed only where the switch runs of the visible world size decide it without a failure (or its
-perturbed run decides it alone) and some check of it passes (a failure or a different answer there costs
-that world size's points, Judge.real_backend). `grade` and `check` start it in
+It is needed only where the switch run of the visible world size ran without a failure and some check of
+it passes (a failure or a different answer there costs that world size's points, Judge.real_backend). `grade` and `check` start it in
 round 1 and cancel it as soon as the visible perturbed run shows it will not be needed; a batch starts it
 only once it is. One that runs out of time is run once more, with twice the time, before it costs anything.
 """
@@ -74,20 +70,9 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
                           cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
                           files=dict(getattr(submission, "files", None) or {}))
 
-    # Where value checks alone decide a world size, values proven before an exception (an honest assert of
-    # the code's own expected values, which the perturbed data fails) decide it too: a clean run could only
-    # show what the code does after the exception (a later operation, which other kinds of checks weigh).
-    values_only = {ws for ws in world_sizes
-                   if all(c.kind == "value" for c in exercise.checks if c.world_size == ws and c.kind != "static")}
-
-    def decides(run) -> bool:
-        """This perturbed run decides its world size alone: no clean run is needed."""
-        return judge.proven(run) or (run.request.world_size in values_only and judge.proven(run, raised=True))
-
     every = perturbed_ops(exercise)
     first = [request(ws, every, "perturbed") for ws in world_sizes]
-    # code that asserts its own values: its clean runs decide where its perturbed runs cannot (other kinds)
-    early = sorted(ws for ws in world_sizes if show_output and self_checks and ws not in values_only)
+    early = sorted(ws for ws in world_sizes if show_output and self_checks)
     if show_output and real_at is None and visible and visible[0] in world_sizes and visible[0] not in early:
         early.append(visible[0])   # no real-backend run: the clean run's output is what the report shows
     first += [request(ws, (), "clean") for ws in early]
@@ -99,7 +84,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     def watch(index: int, outcome):
         """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed."""
         req = outcome.request
-        if speculative and req.perturb and req.world_size == real_at and not decides(outcome) \
+        if speculative and req.perturb and req.world_size == real_at and not judge.proven(outcome) \
                 and (not self_checks or outcome.stop in ("deadlock", "timeout")):
             return [len(first) - 1]
         return ()
@@ -113,12 +98,13 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
         else:
             entry.clean = outcome
     for ws in early:
-        if runs[ws].perturbed and decides(runs[ws].perturbed[0]) and (real_at is not None or ws not in visible):
+        if runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]) and (real_at is not None or ws not in visible):
             runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
     for entry in runs.values():
-        if entry.clean is None and not decides(entry.perturbed[0]) and judge.untouched(entry.perturbed[0]):
+        if entry.clean is None and not judge.proven(entry.perturbed[0]) and judge.untouched(entry.perturbed[0]):
             entry.clean = entry.perturbed[0]   # what a clean run would repeat: nothing was delivered
-    second = [request(ws, (), "clean") for ws, entry in runs.items() if entry.clean is None and not decides(entry.perturbed[0])]
+    second = [request(ws, (), "clean") for ws, entry in runs.items()
+              if entry.clean is None and not judge.proven(entry.perturbed[0])]
     for outcome in runner.run_many(second, parallel=parallel) if second else []:
         runs[outcome.request.world_size].clean = outcome
     third = [request(ws, ops, "perturbed-" + "+".join(ops))
@@ -127,7 +113,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
         runs[outcome.request.world_size].perturbed.append(outcome)
     if real_at is not None:
         entry = runs[real_at]
-        if not ((judge.ran_cleanly(entry) or decides(entry.perturbed[0])) and judge.passes_any(exercise, entry)):
+        if not (judge.ran_cleanly(entry) and judge.passes_any(exercise, entry)):
             entry.real = None   # it could cost nothing: the switch runs failed where it would
         elif entry.real is None:
             entry.real = runner.run_many([request(real_at, (), "real", "real")], parallel=parallel)[0]

@@ -178,6 +178,9 @@ MISTAKES = [
      [("static.not_written", {"op": "all_gather", "entry": "run_worker"}),
       ("cause.other_op", {"quantity": "full_feature", "ops": ["all_gather"], "used": ["broadcast"], "line": 14}),
       ("cause.other_op_generic", {"quantity": "full_feature", "ops": ["all_gather"], "used": ["broadcast"]})]),   # hidden
+    # right values, the student's own assert (the perturbed data fails it), then a bug: what the code returns
+    # counts at every world size (the locals at the assert are not the answer), so each gets its clean run
+    ("m36_bug_after_own_assert", 10, {**ids((2, 3, 4), "all_reduce", "wrong"), **ids((2, 3, 4), "all_gather", "wrong")}, []),
 ]
 # causes a mistake must not be said to have (each was once said of it, falsely)
 NOT_SAID = {

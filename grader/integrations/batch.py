@@ -416,12 +416,16 @@ class Worker:
                 pass
         self.proc.wait()
 
-    def stop(self) -> None:
-        """Normal end: EOF on stdin lets the worker close its Runner; killed if it does not exit soon."""
+    def ask_to_stop(self) -> None:
+        """EOF on stdin: the worker closes its Runner and exits."""
         try:
             self.proc.stdin.close()
         except OSError:
             pass
+
+    def stop(self) -> None:
+        """Normal end: EOF on stdin lets the worker close its Runner; killed if it does not exit soon."""
+        self.ask_to_stop()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -519,6 +523,9 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
                 worker_lost(worker)
             progress.tick()
     finally:
+        for worker in workers:   # every idle worker winds down at once (its zygote, its runs' folders)
+            if worker.student is None:
+                worker.ask_to_stop()
         for worker in workers:
             if worker.student is None:
                 worker.stop()

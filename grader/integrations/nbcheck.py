@@ -29,8 +29,6 @@ import sys
 import traceback
 import warnings
 
-from .. import api
-
 from ..submission import load
 
 from ..submission import notebook
@@ -143,6 +141,10 @@ def grade_source(source: str, *, exercise: str | None = None, key: str | None = 
         return _CACHE[key]
     with _quiet():
         try:
+            # here, not at the top: ranks import this module (a notebook's imports), never the pipeline, and the
+            # zygote imports what ranks may import before its first fork (zygote.PRELOAD), on the batch's
+            # critical path
+            from .. import api
             if runner_factory is None:
                 from ..processes.runner import Runner
                 from ..processes.sandbox import Limits

@@ -220,61 +220,76 @@ PROBE_NS, PROBE_ROOT, PROBE_NNP, PROBE_SECCOMP = 1, 2, 4, 8
 def probe(workspace: str, code: list[str]) -> Layers:
     """Build one run's sandbox in a throwaway child (and its pid 1); never changes the caller.
     `workspace`: a folder for the probe's mount point; `code`: interpreter_paths()."""
-    root = os.geteuid() == 0
-    target = tempfile.mkdtemp(prefix="probe-", dir=workspace)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        bits = 0
+    return Probe(workspace, code).layers()
+
+
+class Probe:
+    """probe(), started now and read later: the zygote starts it before it imports torch, so that the probe
+    runs beside the import (and forks a small process, not a torch-sized one)."""
+
+    def __init__(self, workspace: str, code: list[str]):
+        self.target = tempfile.mkdtemp(prefix="probe-", dir=workspace)
+        self.read, write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self.read)
+            _probe_child(self.target, code, write)
+        os.close(write)
+
+    def layers(self) -> Layers:
+        data = os.read(self.read, 16)
+        os.close(self.read)
+        os.waitpid(self.pid, 0)
         try:
-            os.close(read)
-            enter_namespaces(use_userns=not root)
-            bits |= PROBE_NS
-            new_root(target, 1, code)
-            init = os.fork()
-            if init == 0:
-                got = 0
-                try:
-                    enter_root(target)
-                    if os.path.isdir(sys.base_prefix) and os.listdir("/proc"):
-                        got |= PROBE_ROOT
-                    try:
-                        seccomp.install()
-                        got |= PROBE_NNP | PROBE_SECCOMP
-                    except OSError:
-                        seccomp.set_no_new_privs()
-                        got |= PROBE_NNP
-                except BaseException:
-                    pass
-                os._exit(got)
-            _, status = os.waitpid(init, 0)
-            bits |= os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 0
-        except BaseException:
+            os.rmdir(self.target)
+        except OSError:
             pass
-        if not bits & PROBE_SECCOMP:  # no working sandbox root: can this machine still filter system calls?
-            try:
-                seccomp.install(deny_locks=False)
-                bits |= PROBE_NNP | PROBE_SECCOMP
-            except BaseException:
-                try:
-                    seccomp.set_no_new_privs()
-                    bits |= PROBE_NNP
-                except BaseException:
-                    pass
-        os.write(write, str(bits).encode())
-        os._exit(0)
-    os.close(write)
-    data = os.read(read, 16)
-    os.close(read)
-    os.waitpid(pid, 0)
+        bits = int(data or b"0")
+        root = os.geteuid() == 0
+        namespaces = bool(bits & PROBE_NS and bits & PROBE_ROOT)
+        return Layers(root=root, namespaces=namespaces, user_namespace=namespaces and not root,
+                      seccomp=bool(bits & PROBE_SECCOMP), no_new_privs=bool(bits & PROBE_NNP))
+
+
+def _probe_child(target: str, code: list[str], write: int) -> None:
+    """The probe's throwaway child: which layers can be built here, as bits on `write`. Never returns."""
+    bits = 0
     try:
-        os.rmdir(target)
-    except OSError:
+        enter_namespaces(use_userns=os.geteuid() != 0)
+        bits |= PROBE_NS
+        new_root(target, 1, code)
+        init = os.fork()
+        if init == 0:
+            got = 0
+            try:
+                enter_root(target)
+                if os.path.isdir(sys.base_prefix) and os.listdir("/proc"):
+                    got |= PROBE_ROOT
+                try:
+                    seccomp.install()
+                    got |= PROBE_NNP | PROBE_SECCOMP
+                except OSError:
+                    seccomp.set_no_new_privs()
+                    got |= PROBE_NNP
+            except BaseException:
+                pass
+            os._exit(got)
+        _, status = os.waitpid(init, 0)
+        bits |= os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 0
+    except BaseException:
         pass
-    bits = int(data or b"0")
-    namespaces = bool(bits & PROBE_NS and bits & PROBE_ROOT)
-    return Layers(root=root, namespaces=namespaces, user_namespace=namespaces and not root,
-                  seccomp=bool(bits & PROBE_SECCOMP), no_new_privs=bool(bits & PROBE_NNP))
+    if not bits & PROBE_SECCOMP:  # no working sandbox root: can this machine still filter system calls?
+        try:
+            seccomp.install(deny_locks=False)
+            bits |= PROBE_NNP | PROBE_SECCOMP
+        except BaseException:
+            try:
+                seccomp.set_no_new_privs()
+                bits |= PROBE_NNP
+            except BaseException:
+                pass
+    os.write(write, str(bits).encode())
+    os._exit(0)
 
 
 # ------------------------------------------------------------------------------------------------

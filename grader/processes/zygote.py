@@ -37,6 +37,23 @@ os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
 
+from . import sandbox  # noqa: E402  (the standard library only)
+
+CHECKOUT = str(Path(__file__).resolve().parents[2])
+# Which sandbox layers this machine allows, probed in a small child beside the import below rather than in a
+# torch-sized one after it (~15 ms less before the first run); a template's forks share its result.
+_LAYERS: list[sandbox.Layers] = []
+
+
+def _early_probe() -> sandbox.Probe | None:
+    try:
+        return sandbox.Probe(sys.argv[2], sandbox.interpreter_paths(CHECKOUT))
+    except (OSError, IndexError):   # serve() probes again, and fails there with the zygote's own words
+        return None
+
+
+_PROBE = _early_probe() if __name__ == "__main__" else None
+
 import torch  # noqa: E402,F401  (the point of the zygote: imported once, shared by every fork)
 import torch.distributed  # noqa: F401
 
@@ -46,7 +63,7 @@ import torch.distributed  # noqa: F401
 torch._C._get_cpu_capability()
 
 from .. import wire
-from . import rank, sandbox, seccomp
+from . import rank, seccomp
 
 # Every grader module a rank uses, imported here before any fork: a rank's root holds the interpreter and
 # its libraries, not the grader's checkout, so a rank can never import grader code lazily from disk.
@@ -58,7 +75,6 @@ PRELOAD = ("grader.processes.rank", "grader.processes.sandbox", "grader.processe
            "grader.integrations.bench")  # the notebooks import these two: ranks load a notebook's imports
 for _name in PRELOAD:
     importlib.import_module(_name)
-CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 # What a rank keeps of the grader's environment: nothing that could carry a TA's secrets.
 KEEP_ENV = {"PATH", "LANG", "LANGUAGE", "TZ", "PYTHONHASHSEED", "PYTHONIOENCODING", "OMP_NUM_THREADS",
@@ -391,7 +407,9 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     empty = os.path.join(base, "empty")
     os.makedirs(empty, mode=0o755, exist_ok=True)
     _EMPTY[:] = [empty]
-    layers = sandbox.probe(base, _CODE)
+    if not _LAYERS:
+        _LAYERS.append(sandbox.probe(base, _CODE))
+    layers = _LAYERS[0]
     PidNamespaces.setup(layers)
     rank.install_hooks()
     hello = json.dumps({"t": "hello", "pid": os.getpid(), "gpus": _gpu_count(),
@@ -515,6 +533,8 @@ def _spawn(data: bytes, fds: list[int], sources) -> tuple[socket.socket, str] | 
 
 
 def main() -> None:
+    if _PROBE is not None:   # before any fork: the probe's child is this process's to reap
+        _LAYERS.append(_PROBE.layers())
     conn, base, forked = socket.socket(fileno=int(sys.argv[1])), sys.argv[2], False
     if sys.argv[3:4] == ["--template"]:   # BASE holds its log only; a session's template: its socket's fd
         listen = socket.socket(fileno=int(sys.argv[4])) if sys.argv[4:] else None

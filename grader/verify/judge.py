@@ -121,18 +121,13 @@ class Judge:
         return (False, failed) if failed is not None else (None, None)
 
     # -- whole runs
-    def proven(self, run: RunOutcome, raised: bool = False) -> bool:
+    def proven(self, run: RunOutcome) -> bool:
         """The perturbed run alone proves every provenance quantity on every rank, and no rank failed:
-        the clean run of this world size would only repeat the verdict, so the grader skips it.
-        raised: a rank that raised an exception of its own after its values were made counts as done (an
-        honest assert of its own expected values fails on perturbed data): its values, the entry function's
-        locals at the exception, are proven like returned ones. What the code would have done after the
-        exception only a clean run shows, so plan.py asks this only where value checks alone decide."""
+        the clean run of this world size would only repeat the verdict, so the grader skips it."""
         if run.stop != "completed":
             return False
         for record in run.ranks:
-            failure = diagnose.rank_failure(run, record)
-            if failure is not None and not (raised and failure[0] is Outcome.EXCEPTION):
+            if diagnose.rank_failure(run, record) is not None:
                 return False
             for quantity in self.exercise.quantities:
                 if not quantity.provenance:

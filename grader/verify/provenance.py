@@ -359,8 +359,9 @@ class Tracer:
                             ties.append((L, kind, (call, k, p, s, s_eff, c)))
             if best is None or best[0] < x.size - t:
                 summed = self._sum_of_deliveries(rank, x, I, t, self._entries(rank, pool, before))
-                if summed is None or summed[0] < x.size - t:
-                    two = self._two_deliveries(rank, x, own, t, pool, usable)
+                beat = max(best[0] if best else 0, summed[0] if summed else 0)
+                if beat < x.size - t:
+                    two = self._two_deliveries(rank, x, own, t, pool, usable, beat)
                     if two is not None and (summed is None or two[0] > summed[0]):
                         summed = two
                 if summed is not None and (best is None or summed[0] > best[0]):
@@ -435,15 +436,20 @@ class Tracer:
                 break
         return best
 
-    def _two_deliveries(self, rank: int, x: np.ndarray, own: np.ndarray, t: int, pool: _Pool, usable: np.ndarray):
+    def _two_deliveries(self, rank: int, x: np.ndarray, own: np.ndarray, t: int, pool: _Pool, usable: np.ndarray,
+                        beat: int = 0):
         """x[t:] as [the rank's own data +] A[a:] + B[b:], two delivered vectors at any offsets: a rank that
         adds what two peers sent it before it sends on (its node's data and its ring neighbour's chunk).
         (length, [(call, output)] x 2, own data used, [a, b]), or None. Each delivered element is tried as
         A[a] once per call, the value x[t] - A[a] (- own) looked up among the delivered: random deltas make
-        a chance match of a run of them all but impossible; past the proof's budget, too complex."""
+        a chance match of a run of them all but impossible; past the proof's budget, too complex. None at
+        once where no usable vector is longer than `beat` (a match cannot be: the chunks of an all-gather
+        that single deliveries explain already)."""
         if pool.flat.size == 0 or pool.flat.size > 1 << 16:
             return None
         entry_of, ends = pool.entry_of, pool.ends
+        if not usable.any() or int((ends - pool.starts)[usable].max()) <= beat:
+            return None
         free = usable[entry_of]
         for j, (call, k, data) in enumerate(pool.entries):
             mask = self.used.get((call.rank, call.seq, k))
