@@ -6,8 +6,12 @@ Every graded run goes through the switch (processes/runner.py, switch/). Per wor
   round 2   the clean run of every world size the perturbed run did not prove: what the code really
             computes, for the verdict and its causes (none where the perturbed run delivered nothing to any
             rank: the perturbation never reached the code, so that run is the clean one, Judge.untouched);
-  round 3   (rare) a run perturbing only the operations of a quantity that rounds 1-2 could not observe (an
-            honest assert fired before it was computed).
+  round 3   (rare) for a quantity right in the clean run that no perturbed run could observe: where the
+            student's own check fired on the perturbed data (an assert, torch.testing.assert_close: an honest
+            check of an intermediate value, which the deltas fail), the perturbed run once more with those
+            checks off (as `python -O` runs them); otherwise a run perturbing only that quantity's operations
+            (a check that raised in another way before it was computed). The clean run still says what the
+            code computes with its checks on; this run only proves where it came from.
 Code that asserts its own values (the chapter's reference does) fails its perturbed runs by design, so its
 clean runs decide: `grade` and `check`, which someone waits for, start them in round 1 (each kept only
 where the perturbed run does not decide alone, so the verdicts are those of two rounds).
@@ -62,13 +66,14 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     compiles = any(m.startswith(("torch._inductor", "torch.compile")) for m in preload)
     parallel = 1 if compiles else None
 
-    def request(ws: int, perturb: tuple, label: str, mode: str = "switch", scale: float = 1.0) -> RunRequest:
+    def request(ws: int, perturb: tuple, label: str, mode: str = "switch", scale: float = 1.0,
+                asserts: bool = True) -> RunRequest:
         return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
                           entry=exercise.entry, quantities=names, perturb=perturb, label=label, preload=preload,
                           mode=mode, backend=real_backend if mode == "real" else "gloo",
                           time_scale=(4.0 if compiles else 1.0) * scale,
                           cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
-                          files=dict(getattr(submission, "files", None) or {}))
+                          files=dict(getattr(submission, "files", None) or {}), asserts=asserts)
 
     every = perturbed_ops(exercise)
     first = [request(ws, every, "perturbed") for ws in world_sizes]
@@ -107,8 +112,13 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
               if entry.clean is None and not judge.proven(entry.perturbed[0])]
     for outcome in runner.run_many(second, parallel=parallel) if second else []:
         runs[outcome.request.world_size].clean = outcome
-    third = [request(ws, ops, "perturbed-" + "+".join(ops))
-             for ws, entry in runs.items() for ops in judge.unobserved(entry)]
+    third = []
+    for ws, entry in runs.items():
+        wanted = judge.unobserved(entry)
+        if wanted and judge.own_check_fired(entry.perturbed[0]):
+            third.append(request(ws, every, "perturbed-unchecked", asserts=False))
+        else:
+            third += [request(ws, ops, "perturbed-" + "+".join(ops)) for ops in wanted]
     for outcome in runner.run_many(third, parallel=parallel) if third else []:
         runs[outcome.request.world_size].perturbed.append(outcome)
     if real_at is not None:

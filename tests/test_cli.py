@@ -221,6 +221,40 @@ def test_a_perturbed_run_that_delivered_nothing_is_its_world_sizes_clean_run(tmp
 
 
 @pytest.mark.timeout(120)
+def test_an_assert_on_an_intermediate_value_gets_a_perturbed_run_with_the_students_checks_off(tmp_path):
+    """The student asserts the all-gathered list holds their own slice: the perturbed data fails it before
+    full_feature exists. Round 3 perturbs again with the student's checks off (as `python -O`), which proves
+    the value; the clean run (checks on) still says what the code computes. So does rank 0's assert between
+    the two operations (h10), which stopped the feature before it was made."""
+    def grade(path):
+        results = tmp_path / f"{path.stem}.json"
+        run_cli("grade", str(path), "--results", str(results), "--lang", "en")
+        return json.loads(results.read_text())
+
+    slot = grade(FIXTURES / "honest" / "h61_asserts_its_own_slot.py")
+    assert slot["score"] == 100, outcomes(slot)
+    assert {ws for ws, label in run_labels(slot) if label == "perturbed-unchecked"} == {2, 3, 4}
+    assert {ws for ws, label in run_labels(slot) if label == "clean"} == {2, 3, 4}
+    between = grade(FIXTURES / "honest" / "h10_assert_rank0_between.py")
+    assert between["score"] == 100, outcomes(between)
+    assert "perturbed-unchecked" in {label for _, label in run_labels(between)}
+
+
+@pytest.mark.timeout(120)
+def test_an_answer_whose_evidence_was_not_kept_fails_saying_so_not_accused(tmp_path):
+    """An honest answer between a warm-up and a timing loop of its own size class, past the switch's budget
+    for evidence: unproven (evidence lost never passes), and the report says the evidence was not kept, not
+    that the answer was computed in some other way."""
+    results = tmp_path / "r.json"
+    run_cli("grade", str(FIXTURES / "limits" / "answer_between_loops_of_its_size.py"), "--results", str(results),
+            "--lang", "en", "--backend", "none")
+    data = json.loads(results.read_text())
+    assert data["score"] == 10 and {v for k, v in outcomes(data).items() if k.startswith("ws")} == {"not_collective"}
+    keys = {note["key"] for notes in data["extra_data"]["causes"].values() for note in notes}
+    assert keys == {"fail.evidence_dropped"}, keys
+
+
+@pytest.mark.timeout(120)
 def test_code_stuck_on_real_gloo_loses_the_visible_world_size_after_a_second_try(tmp_path):
     """Right through the switch, stuck on gloo after the gradient and before the feature: the real-backend
     run runs out of time, is tried once more with twice the time (a loaded machine must not cost an honest

@@ -295,10 +295,31 @@ def test_values_kept_are_the_first_operations_then_a_window_of_the_latest():
     for _ in range(total):
         sim.all_reduce([rng.standard_normal(n), rng.standard_normal(n)])
     per_op = 3 * 4 * n    # sent, what entered (perturbed), delivered: float32
-    first, latest = core.RETAIN_FIRST // per_op, core.RETAIN_LATEST // per_op
+    first, latest = core.RETAIN_FIRST // per_op, (core.RETAIN_LATEST - core.RETAIN_LATEST_SMALL) // per_op
+    assert per_op > core.SMALL_OP   # these are large operations: their own window
     for calls in sim.switch.calls:
         assert [c.retained for c in calls] == [True] * first + [False] * (total - first - latest) + [True] * latest
         assert len(calls) == total and all(c.completed and c.delivered for c in calls)
         dropped, kept = calls[first], calls[-1]
         assert dropped.sent_values() == [None] and dropped.delivered_values() == [None]
         assert kept.sent_values()[0].size == n and kept.delivered_values()[0].size == n
+
+
+def test_small_operations_have_a_window_of_their_own_so_an_answer_between_loops_keeps_its_evidence():
+    """A warm-up of MiB-sized all-reduces fills the first budget, the answer (a few KiB) follows, then a
+    benchmark loop of MiB-sized tensors: the loop's own operations make way, never the answer's."""
+    from grader.switch import core
+    sim = Sim(2)
+    big, small = 1 << 20, 1024
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        sim.all_reduce([rng.standard_normal(big), rng.standard_normal(big)])
+    sim.all_reduce([rng.standard_normal(small), rng.standard_normal(small)])
+    for _ in range(12):
+        sim.all_reduce([rng.standard_normal(big), rng.standard_normal(big)])
+    for calls in sim.switch.calls:
+        answer = calls[3]
+        assert answer.retained and answer.delivered_values()[0].size == small
+        assert not all(c.retained for c in calls[4:])          # the budget did run out
+        kept = sum(c.retain_bytes for c in calls[4:] if c.retained)
+        assert kept + answer.retain_bytes <= core.RETAIN_LATEST

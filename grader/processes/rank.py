@@ -194,8 +194,18 @@ def _load_submission(spec: dict) -> types.ModuleType:
     module = types.ModuleType("submission")
     module.__file__ = filename
     sys.modules["submission"] = module
-    exec(compile(tree, filename, "exec"), module.__dict__)
+    asserts = spec.get("asserts", True) is not False
+    if not asserts:   # the student's own checks off, where the grader's perturbed data would fail them
+        for name in ("assert_close", "assert_allclose"):
+            if hasattr(torch.testing, name):
+                setattr(torch.testing, name, _no_check)
+    exec(compile(tree, filename, "exec", optimize=0 if asserts else 1), module.__dict__)
     return module
+
+
+def _no_check(*args, **kwargs) -> None:
+    """torch.testing.assert_close in a run whose perturbed data the student's checks would fail."""
+    return None
 
 
 def _entry(module: types.ModuleType, spec: dict):

@@ -81,6 +81,8 @@ class RunRequest:
     files: dict = field(default_factory=dict)   # files written in each rank's working folder (%%writefile)
     cuda: bool = False                    # the ranks see the machine's GPUs (a graded run's CUDA tensors go
     #                                       through the switch by host copies; a real NCCL run needs them)
+    asserts: bool = True                  # False: the submission's own checks are off (assert statements, as
+    #                                       `python -O` runs them, and torch.testing.assert_close)
 
     def perturbs(self, op: str) -> bool:
         return op in self.perturb
@@ -388,7 +390,7 @@ class Runner:
             spec = {"t": "spec", "rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
                     "backend": request.backend, "mode": mode, "store": store, "timeout": limits.wall_s,
-                    "files": dict(request.files)}
+                    "files": dict(request.files), "asserts": request.asserts}
             run.pending[chan] = wire.pack(spec)
             run.channel[r] = chan
             run.readers[chan] = wire.FrameReader()

@@ -28,12 +28,15 @@ from . import ops, perturb
 from .record import Call
 
 # Values kept per rank for verification (sizes and every record are kept beyond them): the rank's first
-# operations up to RETAIN_FIRST, then a window of its latest ones up to RETAIN_LATEST (the oldest completed
-# operations of the window make way for new ones). An answer computed before a long benchmark loop, or after a
-# long warm-up, keeps its evidence; one computed in the middle of both may lose it (its checks then fail,
-# the values not having been kept: evidence lost never passes a check).
+# operations up to RETAIN_FIRST, then windows of its latest ones up to RETAIN_LATEST in all: RETAIN_LATEST_SMALL
+# for operations of at most SMALL_OP, the rest for larger ones (the oldest completed operation of a window makes
+# way for a new one). An answer computed before a long benchmark loop, after a long warm-up, or between a
+# warm-up and a loop whose tensors are of the other size class, keeps its evidence; one between loops of its
+# own size class may lose it (its checks then fail, saying so: evidence lost never passes a check).
 RETAIN_FIRST = 16 << 20
 RETAIN_LATEST = 32 << 20
+RETAIN_LATEST_SMALL = 8 << 20
+SMALL_OP = 256 << 10      # what keeping an operation's values costs (sent, entered, delivered)
 TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run (sent and delivered)
 MAX_OUTPUT = 32 << 20       # what one operation may deliver to one rank (an all_gather of 8 MiB at 4 ranks)
 MAX_IN_FLIGHT = 64 << 20    # what a rank's operations not yet completed may have sent (the switch holds it)
@@ -82,8 +85,8 @@ class Switch:
         self.blocked: dict[int, int] = {}                    # rank -> seq of the operation it waits on
         self.first = [0] * world_size                        # bytes kept of each rank's first operations
         self.first_full = [False] * world_size
-        self.latest: list[deque] = [deque() for _ in range(world_size)]   # (call, bytes) in the window
-        self.latest_bytes = [0] * world_size
+        self.latest = [(deque(), deque()) for _ in range(world_size)]   # (call, bytes): small ones, the rest
+        self.latest_bytes = [[0, 0] for _ in range(world_size)]
         self.traffic = [0] * world_size
         self.in_flight = [0] * world_size                    # bytes sent by each rank's operations not completed
         self._index: dict[tuple, int] = {}                   # (rank, group key) -> collectives so far
@@ -222,24 +225,27 @@ class Switch:
         raise ProtocolError("bad tensor nesting")
 
     def _retain(self, call: Call, nbytes: int) -> None:
-        """At completion: keep the values of a rank's first operations, then of a window of its latest
-        (every operation of the window is complete, so the oldest goes first)."""
+        """At completion: keep the values of a rank's first operations, then of a window of its latest, one
+        for small operations and one for the rest, the oldest of each making way: an answer of a few KiB
+        computed between a warm-up and a benchmark loop of MiB-sized tensors keeps its evidence."""
         rank = call.rank
         if not self.first_full[rank]:
             if self.first[rank] + nbytes <= RETAIN_FIRST:
                 self.first[rank] += nbytes
                 return
             self.first_full[rank] = True
-        if nbytes > RETAIN_LATEST:
+        size = 0 if nbytes <= SMALL_OP else 1
+        limit = RETAIN_LATEST_SMALL if size == 0 else RETAIN_LATEST - RETAIN_LATEST_SMALL
+        if nbytes > limit:
             call.retained = False
             return
-        window = self.latest[rank]
-        while self.latest_bytes[rank] + nbytes > RETAIN_LATEST:
-            old, size = window.popleft()
-            self.latest_bytes[rank] -= size
+        window, held = self.latest[rank][size], self.latest_bytes[rank]
+        while held[size] + nbytes > limit:
+            old, old_bytes = window.popleft()
+            held[size] -= old_bytes
             _forget(old)
         window.append((call, nbytes))
-        self.latest_bytes[rank] += nbytes
+        held[size] += nbytes
 
     # -- pairing ------------------------------------------------------------------------------------
     def _post_collective(self, call: Call) -> None:

@@ -115,8 +115,8 @@ class Judge:
             if proof.ok:
                 return True, proof  # a snapshot that proves out is evidence too
             _, snapshot = self.value(run.ranks[rank], quantity.name)
-            if snapshot:
-                continue  # a value in the making (the rank never returned) disproves nothing
+            if snapshot or (run.ranks[rank].result or {}).get("how") == "raise":
+                continue  # a value in the making (the rank never returned, or raised) disproves nothing
             failed = failed or proof
         return (False, failed) if failed is not None else (None, None)
 
@@ -149,6 +149,23 @@ class Judge:
         while the grader set it up gets its clean run, a second chance."""
         return run.stop != "grader_error" and bool(run.ranks) and all(record.ready for record in run.ranks) and \
             not any(call.completed and call.receives for record in run.ranks for call in record.calls)
+
+    @staticmethod
+    def _dropped(runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
+        """Some operation of the quantity completed on this rank in a perturbed run without its values kept."""
+        ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
+        return any(call.completed and not call.retained and (not ops or call.op in ops)
+                   for run in runs.perturbed if rank < len(run.ranks) for call in run.ranks[rank].calls)
+
+    @staticmethod
+    def own_check_fired(run: RunOutcome) -> bool:
+        """A rank of this perturbed run stopped on an AssertionError raised in the submission's code: its own
+        check of a value, which the perturbed data fails (the rank's word: it only chooses the next run)."""
+        for record in run.ranks:
+            error = (record.result or {}).get("error") or {}
+            if (record.result or {}).get("how") == "raise" and error.get("type") == "AssertionError":
+                return True
+        return False
 
     def unobserved(self, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
         """Operations to perturb alone, for quantities whose clean value is right but which no perturbed
@@ -272,6 +289,11 @@ class Judge:
                                                 p.ranks[record.rank], ws) for p in runs.perturbed):
                 outcome = Outcome.WRONG   # right here by luck: the mean happens to be whole
                 notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
+            elif proven is False and self._dropped(runs, quantity, record.rank):
+                # what its operations delivered was not kept (a benchmark loop beside it, as large as the answer's
+                # own operations, used up the grader's budget for evidence): unproven, and nothing worse is known
+                outcome = Outcome.NOT_COLLECTIVE
+                notes.append(Note("fail.evidence_dropped", {**label, "ops": _ops_text(quantity)}))
             elif proven is False:
                 outcome = Outcome.NOT_COLLECTIVE
                 how = self.how_computed(runs, quantity, record.rank)
