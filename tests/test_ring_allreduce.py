@@ -102,7 +102,9 @@ MISTAKES = {
                                 "ws2.p2p_only": ["fail.forbidden_op", "ring_allreduce.cause.forbidden"]}),
     # right sums, wrong traffic: the value points stay, the traffic's are named by the figures
     "m19_all_gather_twice": (80, {"ws2.traffic": ["cause.traffic_sends", "cause.traffic_bytes"], "ws5.traffic": ["cause.traffic_bytes"]}),
-    "m20_unbalanced_chunks": (80, {"ws2.traffic": ["cause.traffic_chunk"], "ws4.traffic": ["cause.traffic_chunk"]}),
+    # two elements more than the largest chunk of an even cut (S - (N-1) x floor(S/N)) at every world size
+    "m20_unbalanced_chunks": (80, {"ws2.traffic": ["cause.traffic_chunk"], "ws4.traffic": ["cause.traffic_chunk"],
+                                   "ws5.traffic": ["cause.traffic_chunk"]}),
     "m21_send_float64": (80, {"ws2.traffic": ["cause.traffic_dtype"], "ws3.traffic": ["cause.traffic_dtype"]}),
     "m22_two_rings_both_ways": (65, {"ws3.ring": ["cause.traffic_peers"], "ws5.ring": ["cause.traffic_peers"],
                                      "ws3.traffic": ["cause.traffic_sends"]}),
@@ -351,6 +353,109 @@ def test_traffic_rules_on_synthetic_exchanges():
     # narrowing the wire type saves nothing when elements are counted, and is named
     narrow = volume_causes(ring(4, 1, [258] * 6, dtype="torch.int16"), params, 4, 1031, f32)
     assert keys(narrow) == ["cause.traffic_dtype"] and narrow[0].params == {"rank": 0, "sent": "torch.int16", "dtype": f32}
+
+
+def _ring_sends(sizes: list[int], d: int = 1) -> list[list[int]]:
+    """Per rank, the elements of each of its 2(N-1) sends in a ring turning d (+1 or -1) over chunks of `sizes`:
+    the reduce-scatter sends chunk (r - d s) % N at step s, the all-gather chunk (r + d - d s) % N."""
+    n = len(sizes)
+    return [[sizes[(r - d * s) % n] for s in range(n - 1)] + [sizes[(r + d - d * s) % n] for s in range(n - 1)]
+            for r in range(n)]
+
+
+def _common_layouts(size: int, n: int) -> dict[str, list[int]]:
+    """The chunk sizes of the ways students cut `size` elements into n contiguous chunks."""
+    import numpy as np
+    import torch
+    base, extra = divmod(size, n)
+    c = -(-size // n)
+    out = {"tensor_split": [t.numel() for t in torch.arange(size).tensor_split(n)],
+           "np.array_split": [len(a) for a in np.array_split(np.arange(size), n)],
+           "floor, the last takes the rest": [base] * (n - 1) + [size - (n - 1) * base],
+           "floor, the first takes the rest": [size - (n - 1) * base] + [base] * (n - 1),
+           "k * S // N offsets": [(k + 1) * size // n - k * size // n for k in range(n)],
+           "ceil offsets, the last shorter": [max(0, min(c, size - k * c)) for k in range(n)]}
+    chunked = [t.numel() for t in torch.arange(size).chunk(n)]
+    if len(chunked) == n:   # torch.chunk gives fewer than n chunks when size is short (S = 10, N = 8: 5)
+        out["torch.chunk"] = chunked
+    assert all(sum(v) == size for v in out.values()), out
+    return out
+
+
+def _traffic(per_rank: list[list[int]], dtype: str = "torch.float32"):
+    from grader.verify.traffic import RankTraffic
+    n = len(per_rank)
+    return [RankTraffic(r, sends=len(sizes), sent=sum(sizes), sizes=list(sizes), dtypes=[dtype] * len(sizes), recvs=len(sizes),
+                        received=sum(sizes), to=[(r + 1) % n], frm=[(r - 1) % n]) for r, sizes in enumerate(per_rank)]
+
+
+def test_every_common_chunk_layout_is_within_the_traffic_bound():
+    """Each send at most the largest chunk of S cut into N contiguous chunks (S // N each, one chunk taking the
+    remainder: S - (N-1) x floor(S/N)), the total at most 2(N-1)/N x S plus one element per send: every layout
+    students use fits, at the exercise's S = 1031 and hidden world sizes and beyond (a tester's ring with
+    `numel // N` chunks and the remainder in the last lost the 4-rank traffic points: its last chunk holds 260
+    elements, ceil(S/N) is 258)."""
+    from grader.verify.traffic import bound, largest_chunk, volume_causes
+    params = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
+    assert [largest_chunk(1031, n) for n in (2, 3, 4, 5)] == [516, 345, 260, 207]
+    assert [bound(params, n, 1031)[1:3] for n in (2, 3, 4, 5)] == [(1033, 516), (1378, 345), (1552, 260), (1657, 207)]
+    for size in (1031, 1030, 1029, 97, 10, 7):
+        for n in range(2, 9):
+            for name, sizes in _common_layouts(size, n).items():
+                assert max(sizes) <= largest_chunk(size, n), (size, n, name, sizes)
+                for sends in (_ring_sends(sizes, 1), _ring_sends(sizes, -1)):
+                    assert volume_causes(_traffic(sends), params, n, size, "torch.float32") == [], (size, n, name, sizes)
+    # the tester's figures: rank 0 at 4 ranks sends 257, 260, 257, 257, 257, 260 = 1548 elements, bound 1552
+    assert _ring_sends([257, 257, 257, 260])[0] == [257, 260, 257, 257, 257, 260]
+
+
+def test_a_send_over_the_largest_chunk_still_fails():
+    """The per-send cap is what stops a whole vector (or most of it) in one send beside padding sends that keep
+    the count and the total in bounds: one element over the largest chunk fails, whatever the total."""
+    from grader.verify.traffic import volume_causes
+    params = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
+    f32 = "torch.float32"
+    for n, largest in ((2, 516), (3, 345), (4, 260), (5, 207)):
+        small = 1031 // n - 1
+        at = [[largest] + [small] * (2 * n - 3)] * n
+        assert volume_causes(_traffic(at), params, n, 1031, f32) == [], n
+        (over,) = volume_causes(_traffic([[largest + 1] + [small] * (2 * n - 3)] * n), params, n, 1031, f32)
+        assert over.key == "cause.traffic_chunk" and over.params["largest"] == largest + 1 and over.params["chunk"] == largest, n
+    # every send the largest chunk: the count and each send fit, the total does not
+    (total,) = volume_causes(_traffic([[260] * 6] * 4), params, 4, 1031, f32)
+    assert total.key == "cause.traffic_bytes" and total.params["sent"] == 1560 and total.params["bound"] == 1552
+    # half the vector in one send, the rest spread thin: within the total and the count, over the chunk
+    (half,) = volume_causes(_traffic([[516, 206, 206, 206, 206, 206]] * 4), params, 4, 1031, f32)
+    assert half.key == "cause.traffic_chunk" and half.params["largest"] == 516
+    # a narrower dtype to squeeze a larger message through is still named, and so is its size
+    narrow = volume_causes(_traffic([[300] + [250] * 5] * 4, dtype="torch.float16"), params, 4, 1031, f32)
+    assert [n.key for n in narrow] == ["cause.traffic_dtype", "cause.traffic_chunk"]
+    # the cause names the rule in the student's terms, with the figures when visible, without them hidden
+    en = render("cause.traffic_chunk", over.params | {"rank": 0}, "en")
+    zh = render("cause.traffic_chunk", over.params | {"rank": 0}, "zh")
+    assert "sent 208 elements in one send, more than one chunk" in en and "S - (N-1) x floor(S/N) = 207 elements" in en
+    assert "208 个元素" in zh and "S - (N-1) × floor(S/N) = 207 个元素" in zh
+    for lang in ("zh", "en"):
+        generic = render("cause.traffic_chunk_generic", {}, lang)
+        assert "floor(S/N)" in generic and not re.search(r"\d{3}", generic)
+
+
+def test_diagnose_knows_the_floor_layouts():
+    """A ring with `numel // N` chunks (the remainder in the last, or the first) that stops after the
+    reduce-scatter is named as such, like one cut with tensor_split."""
+    sys.path.insert(0, str(ROOT))
+    from solutions.ring_allreduce import exercise as ex
+    from grader.verify.traffic import largest_chunk
+    for ws in (3, 4, 5):
+        layouts = ex._layouts(ws)
+        assert all(max(b - a for a, b in layout) <= largest_chunk(ex.LENGTH, ws) for layout in layouts)
+        base = ex.LENGTH // ws
+        for sizes in ([base] * (ws - 1) + [ex.LENGTH - (ws - 1) * base], [ex.LENGTH - (ws - 1) * base] + [base] * (ws - 1)):
+            layout = [(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(ws)]
+            assert layout in layouts
+            for rank in range(ws):
+                data = ex.after_reduce_scatter(ws, rank, 1, layout)
+                assert ex.diagnose("tensor", data, ws, rank, {"calls": []}) == [("cause.no_all_gather", {})], (ws, sizes, rank)
 
 
 @pytest.mark.timeout(120)

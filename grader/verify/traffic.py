@@ -7,11 +7,20 @@ pattern as data, in `Check(kind="traffic", quantity=..., params=...)`:
                              its neighbours (r + d) mod N and (r - d) mod N, with the same d (+1 or -1) on
                              every rank: either direction, but one ring
     {"sends": f, "sends_formula": "2(N-1)", "volume": "all_reduce"}
-                             the volume: every rank makes f(N) sends, each of at most one chunk (ceil(S/N)
-                             elements), and sends at most comm.OPS[volume].ring(N) x S elements in all, plus one
-                             element per send (the rounding of uneven chunks); S is the element count of the
-                             check's quantity. Every send carries the dtype of the tensor the rank returned:
-                             counted in elements, casting to a narrower type saves nothing, and is named.
+                             the volume: every rank makes f(N) sends, each of at most one chunk, and sends at
+                             most comm.OPS[volume].ring(N) x S elements in all, plus one element per send (the
+                             rounding of uneven chunks); S is the element count of the check's quantity. Every
+                             send carries the dtype of the tensor the rank returned: counted in elements,
+                             casting to a narrower type saves nothing, and is named.
+
+One chunk is the largest chunk of S cut into N contiguous chunks the ways students cut it (largest_chunk):
+tensor_split / np.array_split and i*S//N offsets (at most ceil(S/N)), torch.chunk and ceil-sized offsets (ceil(S/N),
+the last shorter), S // N each with the last (or the first) taking the remainder: S - (N-1) x floor(S/N), which is
+the largest of them (floor(S/N) + S mod N; 260 for S = 1031 at N = 4, where ceil(S/N) is 258). For every one of
+these layouts, a ring's 2(N-1) sends (each phase sends every chunk but one: 2S less two neighbouring chunks) come
+to less than 2(N-1)/N x S + max(2, N-2) elements, within the "one element per send" of the total. The per-send
+cap is what stops a whole vector (or most of it) travelling in one send beside padding sends that keep the count
+and the total in bounds; none of the layouts above needs more than the chunk that takes the remainder.
 
 Traffic counts for a correct answer only: a traffic check passes when the check's quantity passes its value
 check at the same world size (right on every rank, and derived from what the communication delivered), so a
@@ -82,14 +91,23 @@ def size_and_dtype(run: RunOutcome, quantity) -> tuple[int, str | None]:
     return numel, None
 
 
+def largest_chunk(size: int, n: int) -> int:
+    """The most elements one chunk holds when `size` elements are cut into n contiguous chunks the ways a
+    ring's chunks are cut: S // N each with one chunk (the last, or the first) taking the remainder,
+    S - (N-1) x floor(S/N); tensor_split, np.array_split, torch.chunk, ceil-sized and i*S//N offsets all stay
+    within ceil(S/N), which is no larger."""
+    return size - (n - 1) * (size // n) if n > 0 else size
+
+
 def bound(params: dict, n: int, size: int) -> tuple[int, int, int, str]:
     """(sends per rank, most elements per rank, most elements per send, the volume's formula) that `params`
-    declare at n ranks for a quantity of `size` elements."""
+    declare at n ranks for a quantity of `size` elements: the total is the ring's volume plus one element per
+    send (the rounding of uneven chunks), each send at most largest_chunk(size, n)."""
     sends = int(params["sends"](n)) if callable(params.get("sends")) else int(params.get("sends") or 0)
     op = OPS.get(params.get("volume") or "")
     if op is None or op.ring is None:
         return sends, -1, -1, "-"
-    return sends, int(op.ring(n) * size) + sends, -(-size // n), op.formula
+    return sends, int(op.ring(n) * size) + sends, largest_chunk(size, n), op.formula
 
 
 def _times(count: int, size: int) -> str:
@@ -147,7 +165,7 @@ def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, d
         notes.append(Note("cause.traffic_dtype", {"rank": narrow.rank, "sent": next(d for d in narrow.dtypes if d != dtype),
                                                   "dtype": dtype}))
     over = [t for t in traffic if most >= 0 and t.sent > most]
-    big = [t for t in traffic if chunk >= 0 and t.sizes and max(t.sizes) > chunk + 1]
+    big = [t for t in traffic if chunk >= 0 and t.sizes and max(t.sizes) > chunk]
     if over or big:
         t = max(over or big, key=lambda t: t.sent)
         whole = t.sizes and min(t.sizes) >= size

@@ -13,8 +13,10 @@ Points (100):
     values      the sum, right on every rank and derived from what the other ranks sent (provenance)
     ring        each rank sends only to one neighbour and receives only from the other, the same way
                 round on every rank (either way)
-    traffic     2(N-1) sends per rank, at most 2(N-1)/N x S bytes each (S: the tensor's bytes), plus one
-                element per send for uneven chunks
+    traffic     2(N-1) sends per rank in the tensor's own dtype, each of at most one chunk (S // N elements
+                with one chunk taking the remainder: at most S - (N-1) x floor(S/N) elements, the largest
+                chunk of any of the layouts in _layouts), and at most 2(N-1)/N x S elements in all (S: the
+                tensor's element count), plus one element per send for uneven chunks (grader/verify/traffic.py)
   Ring and traffic points are for a correct all-reduce: they count once the values check passes at that
   world size (a forged ring that computes the answer locally earns neither).
 
@@ -66,14 +68,25 @@ def _runtime(ws: int, hidden: bool) -> tuple[Check, ...]:
 # -- the exercise's own causes for a wrong sum (diagnose), from the values alone -------------------
 
 def _layouts(ws: int) -> list[list[tuple[int, int]]]:
-    """Chunk boundaries students use: tensor_split / torch.chunk-like (the first LENGTH % N chunks one
-    longer) and ceil-sized chunks (the last one shorter)."""
+    """Chunk boundaries students use: tensor_split / np.array_split (the first LENGTH % N chunks one longer),
+    ceil-sized chunks (torch.chunk, math.ceil offsets: the last one shorter), LENGTH // N each with the last
+    chunk taking the remainder, or the first, and i * LENGTH // N offsets. Every chunk of these holds at most
+    LENGTH - (N-1) x (LENGTH // N) elements: the traffic check's largest chunk (verify/traffic.largest_chunk)."""
+    def bounds(sizes):
+        return [(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(ws)]
     base, extra = divmod(LENGTH, ws)
-    sizes = [base + (1 if k < extra else 0) for k in range(ws)]
-    split = [(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(ws)]
+    split = bounds([base + (1 if k < extra else 0) for k in range(ws)])
     c = -(-LENGTH // ws)
     ceil = [(min(k * c, LENGTH), min((k + 1) * c, LENGTH)) for k in range(ws)]
-    return [split, ceil]
+    rest = LENGTH - (ws - 1) * base
+    last = bounds([base] * (ws - 1) + [rest])
+    first = bounds([rest] + [base] * (ws - 1))
+    spread = [(k * LENGTH // ws, (k + 1) * LENGTH // ws) for k in range(ws)]
+    layouts = []
+    for layout in (split, ceil, last, first, spread):   # at some N two of them coincide
+        if layout not in layouts:
+            layouts.append(layout)
+    return layouts
 
 
 def after_reduce_scatter(ws: int, rank: int, d: int, layout, add: bool = True) -> np.ndarray:
