@@ -83,6 +83,14 @@ MISTAKES = {
                                               {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
     "m16_rank0_sends_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
                                 {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+    # m15 and m16 behind a decoy: before the steps, each rank posts an async reduce-scatter of its own gradient
+    # per step on a group no other rank joins (never completed). A rank is credited with what it sent into the
+    # same completed operation whose result the value is built from, so the decoys are no contribution: the
+    # same verdicts and causes as m15 and m16
+    "m21_pending_decoy_then_local_average": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
+                                             {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
+    "m22_pending_decoy_then_rank0_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
+                                             {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
     # the momentum from an average computed locally: right numbers that ignore the reduce-scatter's data, so
     # the primitives too (the engine's cause, below)
     "m17_momentum_from_a_local_average": (10, {**every("params", "not_collective"), **every("momentum", "not_collective"),
@@ -97,6 +105,8 @@ NOT_SAID = {
     "m10_all_reduce_beside_unused_reduce_scatter": ("why.not_delivered", "fail.not_collective"),
     "m15_local_average_into_reduce_scatter": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
     "m16_rank0_sends_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
+    "m21_pending_decoy_then_local_average": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
+    "m22_pending_decoy_then_rank0_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
     "m20_shard_buffer_float64": (f"{EX}.cause.padding",),   # an error of reduce_scatter is not always the padding's
 }
 # the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication";
@@ -303,6 +313,45 @@ def test_teach_lines_are_the_chapters_numbers():
     assert lines[4] == ("  rank 1: holds 258 momentum elements (optimizer state) where an unsharded optimizer holds 1030: "
                         "about 1/4.")
     assert render(notes[4].key, notes[4].params, "zh") == "  进程 1：保存 258 个动量元素（优化器状态），不分片时是 1030 个：约 1/4。"
+
+
+# -- what a rank fed an operation is read from that operation (a synthetic run, no processes) ------------
+
+def test_what_a_rank_fed_is_read_from_the_same_completed_operation():
+    """RunContext: a call that never completed (or delivered to no one) sent nothing anyone got, and what every
+    rank fed the operation a rank received from is that operation's own senders, not the k-th call of each
+    rank's list: each rank's pending decoy (own gradient, a group no one else joins) comes first, then the
+    real reduce-scatter, fed with something else."""
+    from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+    from grader.switch import Call
+    from grader.verify.observe import RunContext, RunView
+
+    ws, n = 2, 4
+    own = [np.full(n, 1.0 + q, dtype=np.float32) for q in range(ws)]
+    fed = [np.full(n, 10.0 + q, dtype=np.float32) for q in range(ws)]
+    ranks, real = [], []
+    for q in range(ws):
+        decoy = Call(rank=q, seq=0, method="-", op="reduce_scatter", group=(0, 1), gname=f"private{q}",
+                     sends=True, receives=True, inputs=[{"dtype": "torch.float32", "numel": n}], sent=[own[q]])
+        call = Call(rank=q, seq=1, method="-", op="reduce_scatter", group=(0, 1), gname="world", reduce="SUM",
+                    sends=True, receives=True, inputs=[{"dtype": "torch.float32", "numel": n}], sent=[fed[q]],
+                    completed=True, ok=True, delivered=[{"dtype": "torch.float32", "numel": n // ws}],
+                    delivered_arrays=[np.full(n // ws, 21.0, dtype=np.float32)])
+        rec = RankRecord(q)
+        rec.calls = [decoy, call]
+        ranks.append(rec)
+        real.append(call)
+    for call in real:
+        call.partners = {g: other for g, other in enumerate(real)}
+    ctx = RunContext(RunView(RunOutcome(RunRequest(world_size=ws, source="", filename="s.py"), ranks)))
+    for q in range(ws):
+        assert [list(v) for v in ctx.sent(q, "reduce_scatter")] == [list(fed[q])]   # the decoy is no contribution
+        [exchange] = ctx.operations(q, "reduce_scatter")
+        assert exchange.call is real[q] and exchange.reduce == "SUM" and exchange.group == (0, 1)
+        assert {r: list(v) for r, v in exchange.fed.items()} == {r: list(fed[r]) for r in range(ws)}
+        assert list(exchange.delivered) == [21.0, 21.0]
+    # and the exercise finds no step in it: no rank fed the operation its own gradient
+    assert all(np.isnan(EXERCISE.quantity("momentum").local_options(q, ws, ctx)[0]).all() for q in range(ws))
 
 
 # -- the exercise's own diagnosis, on synthetic values (no processes) --------------------------------

@@ -155,6 +155,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                                      "Rank {rank}: {quantity} has the right numbers, but the grader could not trace them to what {ops} "
                                      "delivered, made of every rank's own data (the grader secretly changed the data in flight and your "
                                      "result did not follow it)."),
+    "fail.evidence_dropped": ("进程 {rank}：{quantity} 的数值是对的，但评分器没能保留 {ops} 传来的数据来确认它的来源：它前后的预热或计时循环用大小相近的张量反复通信，用完了评分器保存证据的预算。请减少循环的次数，或用大得多的张量（1 MB 以上）计时。",
+                              "Rank {rank}: {quantity} has the right numbers, but the grader could not keep what {ops} delivered to confirm where they came from: a warm-up or timing loop around it, with tensors of about the answer's size, used up the grader's budget for evidence. Repeat the loop fewer times, or time much larger tensors (1 MB or more)."),
     "fail.unobserved": ("进程 {rank}：无法确认 {quantity} 来自 {ops} 传来的数据。请返回它，或保存在同名变量中。",
                         "Rank {rank}: the grader could not confirm that {quantity} came from what {ops} delivered. Return it, or keep it in a variable of that name."),
     "fail.async_no_wait": ("进程 {rank}：{op} 用 async_op=True 发起后没有调用 wait()，读到的 {quantity} 不可靠（这次碰巧是对的也不算）。请先 work.wait() 再使用结果。",
@@ -321,10 +323,15 @@ CATALOG: dict[str, tuple[str, str]] = {
     "cause.traffic_sends_generic": ("原因：每个进程的发送次数不是 {formula}。", "Cause: the number of sends per rank is not {formula}."),
     "cause.traffic_bytes": ("原因：进程 {rank} 发送了 {sent} 个元素 = {k} × S（S = {size} 个元素），超过环形上限 {formula} = {bound_k} × S（{bound} 个元素，含不等分块的取整）。",
                             "Cause: rank {rank} sent {sent} elements = {k} x S (S = {size} elements), over the ring bound {formula} = {bound_k} x S ({bound} elements, rounding of uneven chunks included)."),
-    "cause.traffic_chunk": ("原因：进程 {rank} 有一次发送了 {largest} 个元素，超过一块的大小 ceil(S/N) = {chunk}：环形算法每一步只发送一块。",
-                            "Cause: rank {rank} sent {largest} elements in one send, more than one chunk, ceil(S/N) = {chunk}: each step of a ring sends one chunk."),
-    "cause.traffic_chunk_generic": ("原因：有一次发送超过了一块的大小 ceil(S/N)：环形算法每一步只发送一块。",
-                                    "Cause: a send was larger than one chunk, ceil(S/N): each step of a ring sends one chunk."),
+    "cause.traffic_chunk": ("原因：进程 {rank} 有一次发送了 {largest} 个元素，超过了一块：把张量切成 N 块、每块 S // N 个元素、余数归入其中一块（例如最后一块）时，"
+                            "最大的一块也只有 S - (N-1) × floor(S/N) = {chunk} 个元素（tensor_split 的块最多 ceil(S/N) 个）：环形算法每一步只发送一块。",
+                            "Cause: rank {rank} sent {largest} elements in one send, more than one chunk: cut into N chunks of S // N elements with one of "
+                            "them (the last, say) taking the remainder, the largest holds S - (N-1) x floor(S/N) = {chunk} elements (tensor_split's at most "
+                            "ceil(S/N)); each step of a ring sends one chunk."),
+    "cause.traffic_chunk_generic": ("原因：有一次发送超过了一块：把张量切成 N 块、每块 S // N 个元素、余数归入其中一块时，最大的一块也只有 "
+                                    "S - (N-1) × floor(S/N) 个元素（tensor_split 的块最多 ceil(S/N) 个）：环形算法每一步只发送一块。",
+                                    "Cause: a send was larger than one chunk: cut into N chunks of S // N elements with one of them taking the remainder, "
+                                    "the largest holds S - (N-1) x floor(S/N) elements (tensor_split's at most ceil(S/N)); each step of a ring sends one chunk."),
     "cause.traffic_dtype": ("原因：进程 {rank} 发送的是 {sent}，而它返回的张量是 {dtype}：通信量按元素计算，换成更窄的类型并不节省，而且会丢精度。请发送张量本身的类型。",
                             "Cause: rank {rank} sent {sent} where the tensor it returned is {dtype}: traffic is counted in elements, so a narrower type saves nothing, and it loses precision. Send the tensor's own dtype."),
     "cause.traffic_dtype_generic": ("原因：有进程发送时换成了别的数据类型：通信量按元素计算，换成更窄的类型并不节省。请发送张量本身的类型。",
@@ -379,6 +386,14 @@ CATALOG: dict[str, tuple[str, str]] = {
                               "Cause: ranks {ranks} (one node; nodes of {node} ranks) each send to another node (rank {rank}'s {op}, line {line}, for one): in hierarchical communication, only one rank per node (its leader) takes part across nodes."),
     "cause.groups_flat_p2p_generic": ("原因：同一个节点有不止一个进程向别的节点发送数据：分层通信中，跨节点的那一步每个节点只派一个进程（leader）。",
                                       "Cause: more than one rank of a node sent to another node: in hierarchical communication only one rank per node (its leader) takes part across nodes."),
+    "cause.groups_linked": ("原因：跨节点的 {op} 等操作经由别的节点的进程，把同一个节点的两个进程连到了一起（它们都与别的节点的同一批进程交换数据）：进程组切得再小，这也是扁平的通信。分层通信中，跨节点的那一步每个节点只派一个进程（leader）；张量分成几份时，可以由几组进程分别跨节点传送，但每组里每个节点只有一个进程，各组之间互不相连。",
+                            "Cause: operations across nodes ({op} among them) link two ranks of the same node through ranks of other nodes (both exchange data across nodes with the same ranks): flat communication, however small its groups. In hierarchical communication only one rank per node (its leader) takes part across nodes; a tensor split in parts may cross in several sets of ranks, each with one rank per node, the sets kept apart."),
+    "detail.groups_linked": ("  进程 {a} 和 {b} 属于同一个节点（节点 {node}），跨节点的通信把它们连在了一起：",
+                             "  ranks {a} and {b} belong to one node (node {node}), and what crosses nodes links them:"),
+    "detail.groups_link": ("    进程 {rank} 的 {op}（第 {line} 行），进程组 {ranks}：与进程 {peer} 交换数据",
+                           "    rank {rank}'s {op} (line {line}) on the group {ranks}: with rank {peer}"),
+    "detail.groups_link_p2p": ("    进程 {rank} 的 {op}（第 {line} 行）：发给进程 {peer}",
+                               "    rank {rank}'s {op} (line {line}): to rank {peer}"),
     "pass.groups": ("通过：{inside} 只在节点内进行（每个节点 {node} 个进程，共 {nodes} 个节点），跨节点的通信每个节点只有一个进程参加（进程 {leaders}），共 {crossed} 字节跨越了节点边界。",
                     "Passed: {inside} stay inside a node ({nodes} nodes of {node} ranks), and across nodes one rank per node takes part (ranks {leaders}): {crossed} bytes crossed the node boundary."),
     "detail.groups": ("  进程 {rank}（节点 {node}）：跨节点发送 {crossed} 字节", "  rank {rank} (node {node}): {crossed} bytes sent across nodes"),

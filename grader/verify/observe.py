@@ -113,9 +113,47 @@ class RunView:
         return terms
 
 
+@dataclass
+class Exchange:
+    """One operation that completed and delivered data to a rank, read whole: what the rank sent into it, what
+    it delivered to the rank, and what every rank of that same operation sent into it (`fed`, by global rank;
+    the rank's own entry included where it sent). Pairing by the operation itself, never by position in
+    per-rank lists: a rank's k-th call and another rank's k-th call need not be one operation (a call on a
+    group the other rank never joins, one that never completed)."""
+    call: Call
+    sent: np.ndarray
+    delivered: np.ndarray
+    fed: dict
+
+    @property
+    def reduce(self) -> str | None:
+        return self.call.reduce
+
+    @property
+    def group(self) -> tuple[int, ...]:
+        return tuple(self.call.group)
+
+
+def _flat(values) -> np.ndarray:
+    parts = [v for v in values if v is not None]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _contributed(call: Call) -> bool:
+    """A call whose data entered an operation that completed and delivered it to some rank (a send that never
+    completed, or that reached no one, is no contribution)."""
+    return call.completed and call.ok and call.sends and any(
+        p.completed and p.ok and p.receives for p in call.partners.values())
+
+
 class RunContext:
     """What an exercise's `local(rank, ws, ctx)` may read of a run: the values each rank sent and was
-    delivered, per operation, in order (each call's tensors flattened and concatenated), as measured."""
+    delivered, per operation, in order (each call's tensors flattened and concatenated), as measured.
+
+    `sent`, `delivered` and `reduces` each list ONE rank's own calls: position k of one rank's list and position
+    k of another's need not be the same operation, so they are never paired across ranks. What every rank fed
+    the operation whose result a rank received is `operations(rank, op)` (each entry one operation, its
+    senders by the switch's own pairing)."""
 
     def __init__(self, view: RunView):
         self.view = view
@@ -146,9 +184,18 @@ class RunContext:
         return out
 
     def sent(self, rank: int, op: str) -> list[np.ndarray]:
+        """What the rank sent in each call of `op` whose data entered a completed operation that delivered it
+        to some rank, in order (a call still pending at the end, or one that failed, sent nothing anyone got)."""
+        return [_flat(call.sent_values()) for call in self.view.calls[rank] if call.op == op and _contributed(call)]
+
+    def operations(self, rank: int, op: str) -> list[Exchange]:
+        """Each call of `op` that completed and delivered data to `rank`, in the order of `delivered`, with what
+        every rank of that same operation sent into it (the switch's pairing: `Call.partners`)."""
         out = []
         for call in self.view.calls[rank]:
-            if call.op == op and call.sends:
-                parts = [v for v in call.sent_values() if v is not None]
-                out.append(np.concatenate(parts) if parts else np.zeros(0))
+            if call.op == op and call.completed and call.ok and call.receives:
+                fed = {p.rank: _flat(p.sent_values()) for p in call.partners.values()
+                       if p.sends and p.completed and p.ok}
+                sent = _flat(call.sent_values()) if call.sends else np.zeros(0)
+                out.append(Exchange(call, sent, _flat(call.delivered_values()), fed))
         return out

@@ -18,7 +18,10 @@ matters is step 2: only one rank per node takes part in anything that crosses no
 after step 2 only the leaders hold the total. Also accepted: the bandwidth-optimal form of the same idea
 (a reduce-scatter inside the node, an all-reduce of each shard among the ranks with the same index in
 their node, an all-gather inside the node), and an all-reduce inside the node followed by an all-reduce
-among the ranks of each local index: in both, every operation that crosses nodes takes one rank per node.
+among the ranks of each local index: in both, every operation that crosses nodes takes one rank per node,
+and the ranks that cross nodes together make sets of one rank per node (one set per local index) that never
+mix. That is judged across the run, not operation by operation: 2-rank groups of every pair of ranks give
+each operation one rank per node, yet ranks 0 and 1 both exchange data across nodes with rank 2: flat.
 Point-to-point inside the node counts as the same steps (each rank sends its tensor to its leader, which adds
 them up; after the leaders' all-reduce, the leader sends the total back): a send crosses nodes when its peer
 is in another node. So does a gather to the leader, which adds up what it gathered (and a scatter back).
@@ -29,8 +32,9 @@ What is proven: the value, by the engine's tracer (combine="sum"): in a perturbe
 sum may come through carries secret deltas, and the sum must be made of what the broadcast (or the
 all-reduce, the all-gather) delivered, whose senders sent what they had received (the leaders' all-reduce
 of the node sums) down to every rank's own tensor. Then the groups check (grader/verify/kinds.py): with
-nodes of 2 consecutive ranks, reduce and broadcast stay inside a node, and every operation that crosses
-nodes has one rank per node; it names what crossed and counts for a correct sum only.
+nodes of 2 consecutive ranks, reduce and broadcast stay inside a node, every operation that crosses nodes
+has one rank per node, and no two ranks of one node are linked through operations across nodes (directly
+or through ranks of other nodes); it names what crossed and counts for a correct sum only.
 
 Points (100): static 10 (run_worker reaches all_reduce); for each world size 30: the sum 20 (right on
 every rank, derived from the communication), the hierarchy 10 (the groups check). World size 4 (2 nodes)

@@ -111,26 +111,25 @@ def _expected_momentum(rank: int, ws: int) -> np.ndarray:
 
 
 # -- what each rank must have computed from what it was delivered (perturbed runs) ---------------------
-def _fed_scale(q: int, k: int, ws: int, ctx, zero_padding: bool, step: int) -> float | None:
-    """What rank q fed its k-th all-reduce: its own (padded) gradient of `step` (1.0), that gradient divided by
-    N (1/N), or anything else (None). zero_padding: the padding must be zeros too (it lands in the last rank's
-    momentum; the parameters drop it)."""
-    sent = ctx.sent(q, "all_reduce")
-    if len(sent) <= k or sent[k].size not in (shard_size(ws) * ws, P) or (zero_padding and np.any(sent[k][P:] != 0)):
+def _fed_scale(sent: np.ndarray | None, ws: int, q: int, zero_padding: bool, step: int) -> float | None:
+    """What rank q fed an all-reduce (`sent`, None: it fed it nothing): its own (padded) gradient of `step`
+    (1.0), that gradient divided by N (1/N), or anything else (None). zero_padding: the padding must be zeros
+    too (it lands in the last rank's momentum; the parameters drop it)."""
+    if sent is None or sent.size not in (shard_size(ws) * ws, P) or (zero_padding and np.any(sent[P:] != 0)):
         return None
     own = local_gradient(q, step)
     for scale in (1.0, 1.0 / ws):
-        if np.allclose(sent[k][:P], scale * own, rtol=2e-5, atol=1e-6):
+        if np.allclose(sent[:P], scale * own, rtol=2e-5, atol=1e-6):
             return scale
     return None
 
 
-def _bucket_of(sent: np.ndarray, ws: int, q: int, step: int, zero_padding: bool) -> tuple[int, float] | None:
+def _bucket_of(sent: np.ndarray | None, ws: int, q: int, step: int, zero_padding: bool) -> tuple[int, float] | None:
     """(lo, scale) when what rank q fed a reduce-scatter is, for every rank j in turn, elements lo .. lo + m
     of rank j's shard of its own padded gradient of `step` times scale (1 or 1/N): the whole gradient
-    (lo = 0, m = shard) or one bucket of every shard. None: anything else."""
+    (lo = 0, m = shard) or one bucket of every shard. None: anything else (or nothing)."""
     s = shard_size(ws)
-    if sent.size == 0 or sent.size % ws or sent.size // ws > s:
+    if sent is None or sent.size == 0 or sent.size % ws or sent.size // ws > s:
         return None
     m = sent.size // ws
     grid = _padded(local_gradient(q, step), ws).reshape(ws, s)
@@ -148,21 +147,22 @@ def _bucket_of(sent: np.ndarray, ws: int, q: int, step: int, zero_padding: bool)
 def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list[np.ndarray] | None:
     """The momentum after each step from the calls of `op` that carried the steps' gradients, in order:
     a step is one call of the whole gradient, or consecutive buckets that cover the rank's shard once
-    (calls beside them, a warm-up or a repeat say, are passed over)."""
+    (calls beside them, a warm-up or a repeat say, are passed over). Each call is read whole: what it
+    delivered to this rank beside what every rank fed that same operation (RunContext.operations)."""
     s = shard_size(ws)
-    reduces = ctx.reduces(rank, op)
-    if op == "all_reduce":
-        delivered = [_padded(d, ws)[rank * s:(rank + 1) * s] if d.size in (P, s * ws) else d
-                     for d in ctx.delivered(rank, op)]
-    else:
-        delivered = ctx.delivered(rank, op)
-    if len(delivered) > 64:
+    exchanges = ctx.operations(rank, op)
+    if len(exchanges) > 64:
         return None
+    if op == "all_reduce":
+        delivered = [_padded(e.delivered, ws)[rank * s:(rank + 1) * s] if e.delivered.size in (P, s * ws) else e.delivered
+                     for e in exchanges]
+    else:
+        delivered = [e.delivered for e in exchanges]
     momentum, out, k = np.zeros(s), [], 0
     for step in range(1, STEPS + 1):
         grad, covered = np.zeros(s), np.zeros(s, dtype=bool)
-        while not covered.all() and k < len(delivered):
-            piece = _piece(op, rank, ws, ctx, zero_padding, k, step, delivered[k], reduces[k])
+        while not covered.all() and k < len(exchanges):
+            piece = _piece(op, rank, ws, zero_padding, exchanges[k], step, delivered[k])
             k += 1
             if piece is None:
                 continue
@@ -177,33 +177,35 @@ def _steps_through(op: str, rank: int, ws: int, ctx, zero_padding: bool) -> list
     return out
 
 
-def _piece(op: str, rank: int, ws: int, ctx, zero_padding: bool, k: int, step: int, delivered: np.ndarray,
-           reduce: str | None) -> tuple[int, np.ndarray] | None:
-    """(where in the rank's shard, the averaged gradient there) that call k of `op` delivered, when every
-    rank fed it the same part of its own gradient of `step` at the same scale; None: it carried no step."""
-    if reduce not in (None, "SUM", "AVG"):
+def _piece(op: str, rank: int, ws: int, zero_padding: bool, exchange, step: int,
+           delivered: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """(where in the rank's shard, the averaged gradient there) that one operation of `op` delivered, when
+    every rank fed that same operation the same part of its own gradient of `step` at the same scale; None: it
+    carried no step. The operation must span every rank, in rank order (the shard a reduce-scatter delivers
+    to rank r is chunk r), and each rank's part is what it sent into this operation: a call of its own that
+    never completed, or that went to another group, is no contribution to it."""
+    reduce = exchange.reduce
+    if reduce not in (None, "SUM", "AVG") or exchange.group != tuple(range(ws)):
         return None
+    fed = exchange.fed
     if op == "all_reduce":
-        scales = {_fed_scale(q, k, ws, ctx, zero_padding, step) for q in range(ws)}
+        scales = {_fed_scale(fed.get(q), ws, q, zero_padding, step) for q in range(ws)}
         lo = 0 if delivered.size == shard_size(ws) else None
     else:
-        found = set()
-        for q in range(ws):
-            sent = ctx.sent(q, op)
-            found.add(_bucket_of(sent[k], ws, q, step, zero_padding) if k < len(sent) else None)
+        found = {_bucket_of(fed.get(q), ws, q, step, zero_padding) for q in range(ws)}
         if len(found) != 1 or None in found:
             return None
         lo, scale = found.pop()
-        scales = {scale} if delivered.size * ws == ctx.sent(rank, op)[k].size else {None}
+        scales = {scale} if delivered.size * ws == fed[rank].size else {None}
     if len(scales) != 1 or None in scales or lo is None:
         return None
-    fed = scales.pop()
+    scale = scales.pop()
     if reduce == "AVG":
-        if fed != 1.0:
+        if scale != 1.0:
             return None                             # an average of gradients / N is N times too small
         factor = 1.0
     else:
-        factor = 1.0 / ws if fed == 1.0 else 1.0   # a sum of gradients, or of gradients / N
+        factor = 1.0 / ws if scale == 1.0 else 1.0   # a sum of gradients, or of gradients / N
     return lo, factor * delivered
 
 
@@ -276,7 +278,7 @@ def _gathered_gradients(calls, ws: int) -> bool:
     """An all-gather fed with the rank's averaged (or summed) gradient shard of a step."""
     s = shard_size(ws)
     for call in calls:
-        if call.op != "all_gather" or not call.sends:
+        if call.op != "all_gather" or not (call.sends and call.completed and call.ok):
             continue
         sent = np.concatenate([v for v in call.sent_values() if v is not None] or [np.zeros(0)])
         if sent.size != s:
@@ -293,7 +295,7 @@ def _not_own_gradient(calls, ws: int, rank: int) -> bool:
     """The rank fed its reduce-scatters something, but never its own gradient of a step (nor that gradient
     / N): an average it computed itself, or one rank's sum sent for all."""
     sent = [np.concatenate([v for v in c.sent_values() if v is not None] or [np.zeros(0)])
-            for c in calls if c.op == "reduce_scatter" and c.sends]
+            for c in calls if c.op == "reduce_scatter" and c.sends and c.completed and c.ok]
     sent = [v for v in sent if v.size == shard_size(ws) * ws]
     if not sent:
         return False
