@@ -64,6 +64,9 @@ MISTAKES = {
     "m12_only_rank0_all_reduces": (10, {**every("grad", "deadlock"), **every("weights", "deadlock"), **every("volume", "wrong")},
                                    {"grad": ["fail.deadlock_inside", "cause.mismatch"], "weights": ["cause.mismatch"],
                                     "volume": ["cause.kind_needs_value"]}),
+    # the weights all-reduced instead of the gradient: what the rank sent is named (exercise/linear.fit), not only the values
+    "m13_weights_all_reduced_not_the_gradient": (10, WRONG_ALL, {"grad": [own("cause.sent_not_own")], "weights": [own("cause.sent_not_own")],
+                                                                 "volume": ["cause.kind_needs_value"]}),
     # all_gather in float16 and a local mean: another operation named, never "computed locally"
     "m09_all_gather_then_mean": (0, {"static.all_reduce": "not_called", **every("grad", "not_collective"),
                                      **every("weights", "not_collective"), **every("volume", "wrong")},
@@ -74,7 +77,11 @@ MISTAKES = {
 # the quantities each cheat fakes (the volume check counts for a right gradient only)
 CHEATS = {"c01_local_answer_dummy_half_all_reduce": ("grad", "weights"), "c02_launder_the_mean": ("grad", "weights"),
           "c03_rank0_contributes_for_all": ("grad", "weights"), "c04_honest_grad_local_weights": ("weights",),
-          "c05_int64_fixed_point_beside_local_weights": ("weights",)}
+          "c05_int64_fixed_point_beside_local_weights": ("weights",),
+          # the red team's: a tiny constant in float16, once "fitted" under an absolute tolerance of 2e-2
+          "c06_tiny_junk_under_an_absolute_floor": ("grad", "weights")}
+# the cheats whose all_reduce carried no gradient: the exercise names what the rank sent (cause.sent_not_own)
+SENT_NOT_OWN = ("c02_launder_the_mean", "c06_tiny_junk_under_an_absolute_floor")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
 
 
@@ -176,6 +183,20 @@ def test_cheat_scores_0_on_what_it_fakes(cheats, name):
     volume_lost = "grad" in CHEATS[name]   # beside a faked gradient the volume earns nothing either
     assert all((suite.outcomes(results)[f"ws{ws}.volume"] == "wrong") == volume_lost for ws in WS)
     assert results["score"] == 100 - 10 * len(faked) - (30 if volume_lost else 0)
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("name", SENT_NOT_OWN)
+def test_a_send_that_is_not_the_gradient_is_named(cheats, name):
+    """What a rank sent is judged relative to its own size (exercise/linear.fit): a send that is mostly
+    something else, tiny or not, proves nothing, and the cause says what was measured, hidden checks too."""
+    results = cheats[name]
+    for ws in WS:
+        for quantity in ("grad", "weights"):
+            assert own("cause.sent_not_own") in suite.named(results, f"ws{ws}.{quantity}"), (ws, quantity)
+            assert render(own("cause.sent_not_own"), {}, "zh") in suite.output_of(results, f"ws{ws}.{quantity}")
+    assert render("fail.not_collective_derived", {"rank": 0, "quantity": "grad", "ops": ["all_reduce"]}, "zh") in \
+        suite.output_of(results, "ws2.grad")
 
 
 @pytest.mark.timeout(500)
@@ -285,3 +306,111 @@ def test_diagnosis_names_each_mistake_from_its_values():
             assert suite.diagnose(EXERCISE, "grad", values, ws, 1, reduced) == ["cause.half_copy_dropped"]
             assert suite.diagnose(EXERCISE, "grad", values, ws, 1) == []
         assert suite.diagnose(EXERCISE, "weights", start - DECL.LR * own / ws, ws, 1, reduced) == ["cause.half_copy_dropped"]
+
+
+# -- exercise/linear.fit: what a rank sent in half precision is its own gradient, relative to its size ----
+
+def _half(values: np.ndarray, dtype: str = "torch.float16") -> np.ndarray:
+    """`values` as a rank sends them in `dtype` (torch rounds them: bfloat16 too), back in float64."""
+    import torch
+    return torch.from_numpy(np.asarray(values, dtype=np.float64)).to(getattr(torch, dtype.split(".")[1])).double().numpy()
+
+
+HALF_DTYPES = ("torch.float16", "torch.bfloat16")
+
+
+def test_fit_reads_honest_half_sends_at_any_scale():
+    """The gradient scaled by anything (1/N before or after the cast, a loss scale, 2^15), rounded once or
+    twice in float16 or bfloat16: its own data, with the scale as coefficient."""
+    from grader.exercise.linear import fit
+    for rank in range(4):
+        g = DECL.gradient(rank)
+        for dtype in HALF_DTYPES:
+            for scale in (1.0, 1 / 2, 1 / 3, 1 / 4, 1024.0, 2.0 ** 15, 1e-2):
+                sends = [_half(scale * g, dtype),                                   # scaled, then cast
+                         _half(_half(g, dtype) * scale, dtype)]                     # cast, then scaled in half
+                for sent in sends:
+                    coef = fit(sent, [g], dtype)
+                    assert coef is not None and abs(coef[0] / scale - 1) < 1e-2, (rank, dtype, scale, coef)
+
+
+def test_fit_reads_small_honest_gradients_and_float16_subnormals():
+    """A rank's own data can be small: the tolerance scales with it. Down to float16's subnormal range
+    (below 2^-14 = 6.1e-5 every element is rounded to a multiple of 2^-24), an honest send still fits."""
+    from grader.exercise.linear import fit
+    g = DECL.gradient(1)
+    for small in (1e-2, 1e-3, 1e-4, 2e-5):
+        own = small * g                          # the rank's own data, small
+        sent = _half(own)
+        assert np.any(np.abs(sent) < 2.0 ** -14) or small >= 1e-3
+        coef = fit(sent, [own], "torch.float16")
+        assert coef is not None and abs(coef[0] - 1) < 2e-2, (small, coef)
+        assert fit(_half(own, "torch.bfloat16"), [own], "torch.bfloat16") is not None
+    # so little that float16 keeps a few subnormal steps of it: not the rank's data to float16's precision
+    assert fit(_half(1e-7 * g), [g], "torch.float16") is None
+
+
+def test_fit_refuses_tiny_junk_whatever_its_size():
+    """The red team's send (fixtures cheats/c06): one repeated constant, ~1e-3, that a fixed absolute
+    tolerance of 2e-2 once credited as eps x the gradient. Relative to what was sent it is ~100% something
+    else, at every size; so is rounding noise in float16's subnormal range."""
+    from grader.exercise.linear import fit
+    for rank in range(4):
+        g = DECL.gradient(rank)
+        eps = 5e-4 * (g @ g) / g.sum()
+        for dtype in HALF_DTYPES:
+            for scale in (1.0, 1e-2, 1e-4, 1e2):
+                assert fit(_half(scale * eps * np.ones(DECL.NUMEL), dtype), [g], dtype) is None, (rank, dtype, scale)
+        noise = np.where(np.arange(DECL.NUMEL) % 3 == 0, 2.0 ** -24, 0.0)   # a few subnormal steps
+        assert fit(noise, [g], "torch.float16") is None
+
+
+def test_fit_refuses_sends_mostly_something_else():
+    """Another rank's gradient, the mean (laundering), the weights, or the gradient with 10% of something
+    else: none is this rank's gradient, at any scale."""
+    from grader.exercise.linear import fit
+    g, other = DECL.gradient(0), DECL.gradient(1)
+    mean = DECL.mean_gradient(2)
+    for foreign in (other, mean, DECL.initial_weights().reshape(-1), g + 0.1 * np.linalg.norm(g) * np.sin(np.arange(g.size)) / 8):
+        for dtype in HALF_DTYPES:
+            for scale in (1.0, 1 / 4, 1e-3, 1024.0):
+                assert fit(_half(scale * foreign, dtype), [g], dtype) is None, (dtype, scale)
+
+
+def test_fit_is_the_same_at_every_scale():
+    """The rule has no absolute floor (but float16's subnormal step): fit(s x sent) fits exactly when
+    fit(sent) does, with s x its coefficients (float64 sends, no rounding)."""
+    from grader.exercise.linear import fit
+    g, other = DECL.gradient(2), DECL.gradient(3)
+    for sent in (3 * g, 0.999 * g + 1e-3 * other, g + 0.3 * other, np.ones(DECL.NUMEL)):
+        verdicts = set()
+        for scale in (1e-12, 1e-6, 1e-3, 1.0, 1e3, 1e6):
+            coef = fit(scale * sent, [g], "torch.float64")
+            verdicts.add(coef is None)
+            if coef is not None:
+                assert np.allclose(coef, scale * fit(sent, [g], "torch.float64"), rtol=1e-9)
+        assert len(verdicts) == 1, sent[:3]
+
+
+def test_foreign_sends_names_what_was_measured():
+    """The exercise's cause (cause.sent_not_own) reads a run's records: an all_reduce of the gradient's
+    size whose send is not the rank's gradient as fit() reads it; a loss all-reduced beside it is not one."""
+    from grader.exercise.linear import foreign_sends
+    from grader.switch.record import Call
+
+    def all_reduce(seq, values, at):
+        values = np.asarray(values)
+        return Call(rank=1, seq=seq, method="allreduce", op="all_reduce", group=(0, 1), sends=True, receives=True,
+                    inputs=[{"dtype": f"torch.{values.dtype}", "shape": [values.size], "numel": values.size}],
+                    sent=[values], delivered_arrays=[2 * values], completed=True, ok=True, entered_at=at, completed_at=at + 1)
+    g = DECL.gradient(1)
+    loss = all_reduce(0, np.array([0.5], dtype=np.float16), 0)
+    honest = all_reduce(1, (1024 * g).astype(np.float16), 2)
+    junk = all_reduce(1, np.full(DECL.NUMEL, 1e-3, dtype=np.float16), 2)
+    assert foreign_sends([loss, honest], [g], DECL.NUMEL) == []
+    assert foreign_sends([loss, junk], [g], DECL.NUMEL) == [junk]
+    zeros = all_reduce(1, np.zeros(DECL.NUMEL, dtype=np.float16), 2)
+    assert foreign_sends([zeros], [g], DECL.NUMEL) == [zeros]
+    # synthetic calls that are not a run's records (the diagnosis tests'): nothing to read
+    from types import SimpleNamespace
+    assert foreign_sends([SimpleNamespace(op="all_reduce", completed=True, ok=True)], [g], DECL.NUMEL) == []

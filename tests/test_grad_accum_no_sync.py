@@ -72,6 +72,11 @@ MISTAKES = {
                                 {"grad": [own("cause.not_averaged")], "one_all_reduce": NEEDS_VALUE}, {}),
     # the gradient synced once but cut into two buckets: proven through both (the value points), two all-reduces
     "m11_two_buckets": (70, every("one_all_reduce", "wrong"), COUNTS, {}),
+    # the parameter all-reduced for its gradient: what the rank sent is named (exercise/linear.fit), and the
+    # gradient left is its own
+    "m15_weight_all_reduced_not_its_grad": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
+                                            {"grad": [own("cause.sent_not_own"), own("cause.never_synced")],
+                                             "one_all_reduce": NEEDS_VALUE}, {}),
     # raised before its division: the exception, and no cause read from the half-made sum in its locals
     "m14_raises_before_the_division": (10, {**every("grad", "exception"), **every("one_all_reduce", "wrong")},
                                        {"grad": ["fail.exception"], "one_all_reduce": NEEDS_VALUE}, {}),
@@ -82,6 +87,10 @@ INSTEAD = {(name, "ws4.grad"): [own("cause.divided_once_too_often")]
            for name in ("m09_divided_by_k_twice", "m13_sum_divided_twice")}
 CHEATS = ("c01_local_answer_dummy_all_reduce", "c02_launder_through_all_reduce", "c03_rank0_contributes_for_all",
           "c04_honest_all_reduce_local_answer")
+# the red team's: the local answer (plus a correction in the rank's micro-gradient span) sent at 1e-6 of its
+# size, once "fitted" under float32's absolute floor of 1e-5. Unproven, the clean run decides, where this code
+# (not on gloo) computes the grader's formula from an unperturbed delivery: not the answer
+TINY_LAUNDERS = ("c05_tiny_launder_under_an_absolute_floor", "c06_tiny_launder_one_percent_own_data")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
 
 
@@ -103,7 +112,7 @@ def cheats(tmp_path_factory):
 def test_enough_fixtures_of_each_kind():
     assert len(HONEST) >= 5 and len(MISTAKES) >= 6 and len(CHEATS) >= 3
     assert sorted(p.stem for p in (FIX / "mistakes").glob("*.py")) == sorted(MISTAKES)
-    assert sorted(p.stem for p in (FIX / "cheats").glob("*.py")) == sorted(CHEATS)
+    assert sorted(p.stem for p in (FIX / "cheats").glob("*.py")) == sorted(CHEATS + TINY_LAUNDERS)
 
 
 # -- the fixtures, one batch per folder --------------------------------------------------------------
@@ -208,6 +217,22 @@ def test_cheat_scores_0_on_what_it_fakes(cheats, name):
     key = "fail.not_collective_derived" if name in ("c02_launder_through_all_reduce", "c03_rank0_contributes_for_all") \
         else "fail.not_collective"
     assert render(key, {"rank": 0, "quantity": "grad", "ops": ["all_reduce"]}, "zh") in suite.output_of(results, "ws2.grad")
+
+
+@pytest.mark.timeout(500)
+@pytest.mark.parametrize("name", TINY_LAUNDERS)
+def test_a_tiny_launder_scores_0_and_its_send_is_named(cheats, name):
+    """What a rank sent is judged relative to its own size (exercise/linear.fit): 1e-6 x (mostly the local
+    answer) is not the rank's micro-gradients, so nothing is proven; the value the code makes is wrong, and
+    the cause says what was measured (what the rank sent), hidden checks too."""
+    results = cheats[name]
+    assert suite.failing(results) == {**every("grad", "wrong"), **every("one_all_reduce", "wrong")}
+    assert results["score"] == 10
+    for ws in WS:
+        assert own("cause.sent_not_own") in suite.named(results, f"ws{ws}.grad"), ws
+        assert render(own("cause.sent_not_own"), {}, "zh") in suite.output_of(results, f"ws{ws}.grad")
+    # the launder through the full-size answer (c02) is named the same way
+    assert own("cause.sent_not_own") in suite.named(cheats["c02_launder_through_all_reduce"], "ws2.grad")
 
 
 @pytest.mark.timeout(500)
@@ -327,3 +352,76 @@ def test_at_n_equal_k_what_the_rank_sent_tells_the_factors_apart():
     assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [avg]) == ["cause.averaged_then_divided"]
     assert sorted(suite.diagnose(EXERCISE, "grad", small, ws, rank, [broadcast, sent(mean / ws)])) == [
         "cause.divided_by_k_twice", "cause.divided_by_ws_twice"]   # DDP: either division is one too many
+
+
+# -- exercise/linear.fit: what a rank sent is its own micro-batch gradients, relative to its size --------
+
+def _micro(rank: int) -> list[np.ndarray]:
+    return [DECL.micro_gradient(rank, k) for k in range(DECL.K)]
+
+
+def _f32(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32).astype(np.float64)
+
+
+def _tiny_launder(rank: int, ws: int, eps: float, lam: float = 1.0) -> np.ndarray:
+    """The red team's send (fixtures cheats/c05, c06): eps x (the local answer T + the part of the rank's
+    micro-gradient span that makes the least-squares fit find lam on each micro-batch)."""
+    own = np.stack(_micro(rank), axis=1)
+    answer = DECL.expected_grad(rank, ws)
+    return _f32(eps * (answer + own @ (lam * np.ones(DECL.K) - np.linalg.pinv(own) @ answer)))
+
+
+def test_fit_reads_honest_float32_sends():
+    """The micro-batch gradients summed in any order, divided by K, N or N K before or after, in float32;
+    or added to what an earlier all-reduce delivered (an all-reduce per micro-batch): its own data."""
+    from grader.exercise.linear import fit
+    for ws in (2, 3, 4):
+        for rank in range(ws):
+            micro = _micro(rank)
+            for order in (range(DECL.K), reversed(range(DECL.K)), (2, 0, 3, 1)):
+                total = np.float32(0)
+                for k in order:
+                    total = _f32(total + np.float32(1) * micro[k].astype(np.float32))
+                for scale, sent in ((1.0, total), (1 / DECL.K, _f32(total / DECL.K)), (1 / ws, _f32(total / ws)),
+                                    (1 / (ws * DECL.K), _f32(_f32(total / ws) / DECL.K))):
+                    coef = fit(sent, micro, "torch.float32")
+                    assert coef is not None and np.allclose(coef, scale, rtol=1e-5), (ws, rank, scale, coef)
+            delivered = _f32(np.sin(np.arange(DECL.NUMEL) * (rank + 1.3)) * 2.5)   # deltas and all
+            coef = fit(_f32(delivered + micro[1] / DECL.K), micro + [delivered], "torch.float32")
+            assert coef is not None and np.allclose(coef, [0, 1 / DECL.K, 0, 0, 1], atol=1e-6), coef
+
+
+def test_fit_reads_small_honest_gradients():
+    """A rank's own data can be small (1e-6, 1e-20 of these): the tolerance scales with it, so its
+    float32 sum still fits with the same coefficients."""
+    from grader.exercise.linear import fit
+    for small in (1e-3, 1e-6, 1e-20):
+        micro = [small * m for m in _micro(1)]
+        sent = _f32(sum(m.astype(np.float32) for m in micro) / DECL.K)
+        coef = fit(sent, micro, "torch.float32")
+        assert coef is not None and np.allclose(coef, 1 / DECL.K, rtol=1e-4), (small, coef)
+
+
+def test_fit_refuses_the_tiny_launder_at_every_size():
+    """cheats/c05 and c06 once fitted under float32's absolute floor of 1e-5: at 1e-6 of the answer's
+    size, the part outside the rank's micro-gradients (~10% of the send, or ~99%) sat below it. Relative
+    to what was sent it is far beyond float32's rounding, at 1e-6 as at 1."""
+    from grader.exercise.linear import fit
+    for ws in (2, 3, 4):
+        for rank in range(ws):
+            for lam in (1.0, 0.01):
+                for eps in (1e-9, 1e-6, 1e-3, 1.0):
+                    assert fit(_tiny_launder(rank, ws, eps, lam), _micro(rank), "torch.float32") is None, (ws, rank, lam, eps)
+
+
+def test_fit_refuses_sends_mostly_something_else():
+    """The local answer (laundering), another rank's micro-batches, the weight, or the own sum with 1% of
+    something else: none is this rank's data, at any scale (float32 allows 1e-4 of the send)."""
+    from grader.exercise.linear import fit
+    micro = _micro(0)
+    own = sum(micro) / DECL.K
+    for foreign in (DECL.expected_grad(0, 2), sum(_micro(1)), DECL.initial_weight().reshape(-1),
+                    own + 1e-2 * np.linalg.norm(own) * np.cos(np.arange(own.size))):
+        for scale in (1e-8, 1e-3, 1.0, 1e4):
+            assert fit(_f32(scale * foreign), micro, "torch.float32") is None, scale

@@ -5,12 +5,17 @@ a half-precision round trip, an optimizer step).
 
     run = LinearRun(ctx, lambda q: [...rank q's own vectors...], numel)
     run.values(rank, target)   # what this rank can have made, with weights `target` over the own vectors
+    foreign_sends(calls, own, numel)   # a rank's all-reduces whose send is not its own data (for causes)
+
+What a rank sent counts as its own data only when fit() explains it to within its dtype's rounding,
+relative to what was sent (no fixed floor that a tiny send could sit under): see fit().
 
 Numbers only (numpy): nothing here runs in a rank.
 """
 from __future__ import annotations
 
 from itertools import combinations
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -18,16 +23,46 @@ from ..switch.perturb import perturbable
 
 HALF = ("torch.float16", "torch.bfloat16")
 
+# the spacing of each dtype's subnormal numbers: the only absolute error its rounding makes (every other
+# rounding error is relative to the number rounded). Any other dtype reads as float32.
+SUBNORMAL = {"torch.float16": 2.0 ** -24, "torch.bfloat16": 2.0 ** -133, "torch.float32": 2.0 ** -149,
+             "torch.float64": 2.0 ** -1074}
+# (element, spread, norm), all relative to what was sent: each element's residual within element x |that
+# element| + spread x the largest sent element (float32 sums in any order, a scale before or after the
+# cast), and the whole residual within norm x the norm of the send. Half precision: a few roundings of
+# bfloat16 (2^-8 each; float16's are 2^-11) with room to spare; float32 and wider: float32's.
+TOLERANCE = {True: (2e-2, 1e-2, 2e-2), False: (1e-4, 1e-5, 1e-4)}
+
 
 def fit(target: np.ndarray, columns: list[np.ndarray], dtype: str):
-    """Coefficients c with sum(c_j columns_j) == target elementwise within the dtype's rounding; None if none."""
+    """Coefficients c with sum(c_j columns_j) == target within the rounding of `dtype`; None if none.
+
+    Every tolerance is relative to what was sent, none a fixed amount: fit(s x target) fits exactly when
+    fit(target) does (with s x its coefficients), so a send far smaller than its rank's data is held to
+    the same precision as a large one, and a send that is mostly something else, tiny or not, does not
+    fit (a fixed floor let a tiny send of anything "fit" with whatever coefficient its projection gave).
+    An honest send is its combination rounded once or a few times: each element off by a few units of
+    its own last place. The one absolute term is the dtype's: a few subnormal steps per element (float16's
+    2^-24; nil for bfloat16 and float32), for honest elements that fall below the normal range; it never
+    carries a send, as the norm test has none: a send that is rounding noise, or mostly subnormal, fails."""
     if not columns:
         return None
-    basis = np.stack(columns, axis=1)
-    coef, *_ = np.linalg.lstsq(basis, target, rcond=None)
-    loose = dtype in HALF
-    atol, rtol = (2e-2, 2e-2) if loose else (1e-5 * max(1.0, float(np.max(np.abs(target), initial=0))), 1e-4)
-    return coef if np.all(np.abs(basis @ coef - target) <= atol + rtol * np.abs(target)) else None
+    target = np.asarray(target, dtype=np.float64)
+    basis = np.stack(columns, axis=1).astype(np.float64)
+    if not (np.all(np.isfinite(target)) and np.all(np.isfinite(basis))):
+        return None
+    scale = np.linalg.norm(basis, axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(basis / scale, target, rcond=None)   # columns of any size alike
+    coef = coef / scale
+    residual = np.abs(basis @ coef - target)
+    element, spread, norm = TOLERANCE[dtype in HALF]
+    floor = 4 * SUBNORMAL.get(dtype, SUBNORMAL["torch.float32"])
+    if np.any(residual > element * np.abs(target) + spread * float(np.max(np.abs(target), initial=0.0)) + floor):
+        return None
+    if float(np.linalg.norm(residual)) > norm * float(np.linalg.norm(target)):
+        return None
+    return coef
 
 
 class LinearRun:
@@ -148,6 +183,40 @@ class LinearRun:
             if out:
                 return out    # the fewest deliveries that make it
         return out
+
+
+def foreign_sends(calls: list, own: list[np.ndarray], numel: int, ops=("all_reduce",)) -> list:
+    """Of one rank's calls (a run's record of them, in the order they ran), the all-reduces of `numel`
+    elements (buckets joined, as LinearRun joins them) whose send is not this rank's own data as fit()
+    reads it: not a combination of `own` and of what its earlier such all-reduces delivered to it, or a
+    send of zeros where its own data is not. For an exercise's causes: what was measured, with no values."""
+    calls = [c for c in calls if all(hasattr(c, name) for name in _RECORDED)]   # a run's records only
+    if not calls:
+        return []
+    rank = calls[0].rank
+    run = LinearRun(_one_rank(rank, calls), lambda q: own if q == rank else [], numel, ops)
+    units, out = run.calls(rank), []
+    for unit in units:
+        sent = run._flat(unit.sent_values())
+        if sent.size != numel:
+            continue
+        earlier = [run._flat(c.delivered_values()) for c in units if c.completed_at < unit.entered_at]
+        earlier = [d for d in earlier if d.size == numel]
+        dtype = str(unit.inputs[0].get("dtype")) if unit.inputs else ""
+        nothing = not np.any(sent) and any(np.any(v) for v in own)
+        if nothing or fit(sent, list(own) + earlier, dtype) is None:
+            out.append(unit.members[0] if isinstance(unit, _Buckets) else unit)
+    return out
+
+
+# what LinearRun reads of a recorded call (switch/record.py)
+_RECORDED = ("rank", "seq", "op", "completed", "ok", "sends", "receives", "inputs", "sent_numel", "gname", "group",
+             "weight", "entered_at", "completed_at", "sent_values", "delivered_values")
+
+
+def _one_rank(rank: int, calls: list) -> SimpleNamespace:
+    """A run context holding one rank's calls: what LinearRun.calls reads (ctx.view.calls[rank])."""
+    return SimpleNamespace(world_size=rank + 1, view=SimpleNamespace(calls={rank: calls}))
 
 
 class _Buckets:

@@ -18,8 +18,11 @@ the all-reduces delivered to this rank that weighs every rank's gradient 1/N, ea
 own gradient scaled by anything (1/N, a loss scale, a GradScaler's, in any dtype); weights are the
 initial weights minus LR times such a combination. Both are declared combine="own", context=True, read
 from exercise/linear.LinearRun (the engine's tracer tries the scales 1, N and 1/N only: a loss scale of
-1024, or LR x 1/N, is none of them). Then the volume check: every all_reduce carried float16 or
-bfloat16 and a rank sent at most 128 x 2 bytes in them (half of float32's 512).
+1024, or LR x 1/N, is none of them). "Its own gradient" is judged relative to what was sent
+(exercise/linear.fit: within the dtype's rounding of the send's own size, no fixed floor): a send that is
+mostly something else, however small, proves nothing, and `diagnose` names it (cause.sent_not_own). Then
+the volume check: every all_reduce carried float16 or bfloat16 and a rank sent at most 128 x 2 bytes in
+them (half of float32's 512).
 
 Points (100): static 10 (run_worker reaches all_reduce: DDP counts); for each world size 30: the
 gradient 10, the weights 10, the volume 10 (it counts only where the gradient is right; all-reduces of fewer
@@ -32,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from grader.exercise import Alternatives, Check, Exercise, Quantity, Todo
-from grader.exercise.linear import LinearRun
+from grader.exercise.linear import LinearRun, foreign_sends
 
 IN_FEATURES, OUT_FEATURES = 16, 8
 BATCH = 16
@@ -122,7 +125,17 @@ def _near(values, expected, tolerance: str = "torch.float32") -> bool:
 
 
 def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
-    """Causes named in the exercise's terms (no values: hidden checks may show them)."""
+    """Causes named in the exercise's terms (no values: hidden checks may show them). First what the rank's
+    all_reduce carried, when it is not the rank's own data as exercise/linear.fit reads it (at any scale,
+    within its dtype's rounding, relative to what was sent): the value, right or wrong, was then not made
+    of the ranks' data; then what the value itself shows."""
+    sent = [("cause.sent_not_own", {})] if context.get("outcome") in ("wrong", "not_collective") and \
+        foreign_sends(context.get("calls") or [], [gradient(rank)], NUMEL) else []
+    return sent + [cause for cause in _value_causes(quantity, values, ws, rank, context) if cause not in sent]
+
+
+def _value_causes(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
+    """What a wrong value itself shows, in the exercise's terms."""
     value = context.get("value")
     if context.get("outcome") != "wrong" or values is None or values.size != NUMEL:
         return []
@@ -192,6 +205,12 @@ MESSAGES = {
         "Cause: the gradient is still this rank's own: what the all_reduce delivered was never read. all_reduce changes the tensor "
         "it is given in place, and .half() makes a new one: dist.all_reduce(grad.half()) sums that temporary copy, and the "
         "result goes with it. Keep it: half = grad.half(); dist.all_reduce(half); grad = half.float() / world_size."),
+    "cause.sent_not_own": (
+        "原因：进程在 all_reduce 中发送的不是它自己的梯度：除去传输所用数据类型的舍入误差，发送的数据里还有别的东西"
+        "（梯度可以先乘以任意比例，例如除以 world_size 或乘以 loss scale）。每个进程都必须把自己的梯度交给 all_reduce，再用它传回的结果。",
+        "Cause: what a rank sent in all_reduce is not its own gradient: beyond the rounding of the dtype it travelled in, "
+        "it holds something else (the gradient may be scaled by anything first: divided by world_size, multiplied by a "
+        "loss scale). Every rank must hand its own gradient to the all_reduce, and use what the all_reduce delivers."),
     "cause.no_update": (
         "原因：权重还是初始值：没有做 weights -= LR * grad 这一步（或者更新的是一个副本）。",
         "Cause: the weights are still the initial ones: the step weights -= LR * grad did not happen (or it updated a copy)."),

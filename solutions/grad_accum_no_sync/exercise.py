@@ -21,7 +21,10 @@ N before its all-reduce. (The engine's tracer takes scales 1, N and 1/N only: a 
 DDP gradient divided by K afterwards, would read as "not derived from the communication". So `grad` is
 declared combine="own" with context=True: `_derived` below is that proof, from what the switch measured.)
 Locally computed gradients carry no deltas; a gradient all-reduced by one rank for all, or an answer fed
-into the all-reduce, is not a combination of the sender's own micro-batches.
+into the all-reduce, is not a combination of the sender's own micro-batches. That combination is judged
+relative to what was sent (exercise/linear.fit: within float32's rounding of the send's own size, no
+fixed floor), so the answer laundered at a millionth of its size is not one either; `diagnose` names such
+a send (cause.sent_not_own).
 
 Points (100): static 10 (run_worker reaches all_reduce: DDP counts); for each world size 30: the
 gradient 20 (right on every rank, derived from the all-reduce), one all-reduce 10 (exactly one all_reduce
@@ -35,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from grader.exercise import Alternatives, Check, Exercise, Quantity, Todo
-from grader.exercise.linear import LinearRun
+from grader.exercise.linear import LinearRun, foreign_sends
 
 IN_FEATURES, OUT_FEATURES = 8, 4
 BATCH = 8          # samples per micro-batch
@@ -114,7 +117,17 @@ def mistakes(rank: int, ws: int) -> list[tuple[str, np.ndarray]]:
 
 
 def diagnose(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
-    """Causes named in the exercise's terms (no values: hidden checks may show them)."""
+    """Causes named in the exercise's terms (no values: hidden checks may show them). First what the rank's
+    all_reduce carried, when it is not the rank's own data as exercise/linear.fit reads it (at any scale,
+    within its dtype's rounding, relative to what was sent): the value, right or wrong, was then not made
+    of the ranks' data; then what the value itself shows."""
+    sent = [("cause.sent_not_own", {})] if context.get("outcome") in ("wrong", "not_collective") and \
+        foreign_sends(context.get("calls") or [], [micro_gradient(rank, k) for k in range(K)], NUMEL) else []
+    return sent + [cause for cause in _value_causes(quantity, values, ws, rank, context) if cause not in sent]
+
+
+def _value_causes(quantity: str, values, ws: int, rank: int, context: dict) -> list[tuple[str, dict]]:
+    """What a wrong value itself shows, in the exercise's terms."""
     if context.get("outcome") != "wrong" or values is None or values.size != NUMEL:
         return []
     found = list(dict.fromkeys(key for key, wrong in mistakes(rank, ws) if _close(values, wrong)))
@@ -236,6 +249,12 @@ MESSAGES = {
         "no_sync() 要包住前 K - 1 个 micro-batch，最后一个 micro-batch 的 backward 才做同步。",
         "Cause: the all_reduce ran at the first micro-batch, and the later micro-batches added only this rank's own "
         "gradients: no_sync() wraps the first K - 1 micro-batches, and the last micro-batch's backward synchronises."),
+    "cause.sent_not_own": (
+        "原因：进程在 all_reduce 中发送的不是它自己的 micro-batch 梯度之和（可以乘以任意比例，也可以加上之前的 all_reduce 传来的结果）："
+        "除去舍入误差，发送的数据里还有别的东西，例如在本地算好的答案。每个进程都必须把自己累积的梯度交给 all_reduce，再用它传回的结果。",
+        "Cause: what a rank sent in all_reduce is not its own micro-batch gradients added up (scaled by anything, plus what "
+        "earlier all-reduces delivered to it, if it likes): beyond rounding, it holds something else, such as an answer "
+        "computed locally. Every rank must hand its own accumulated gradient to the all_reduce, and use what the all_reduce delivers."),
     "teach.header": (
         "梯度累积的账（{ws} 个进程，K = {k} 个 micro-batch）：每一步只需要一次 all_reduce，通信次数和字节数都降为每个 micro-batch "
         "都同步时的 1/K。",
