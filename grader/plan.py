@@ -6,15 +6,17 @@ Every graded run goes through the switch (processes/runner.py, switch/). Per wor
   round 2   the clean run of every world size the perturbed run did not prove: what the code really
             computes, for the verdict and its causes (none where the perturbed run delivered nothing to any
             rank: the perturbation never reached the code, so that run is the clean one, Judge.untouched);
-  round 3   (rare) for a quantity right in the clean run that no perturbed run could observe: where the
-            student's own check fired on the perturbed data (an assert, torch.testing.assert_close: an honest
-            check of an intermediate value, which the deltas fail), the perturbed run once more with those
-            checks off (as `python -O` runs them); otherwise a run perturbing only that quantity's operations
-            (a check that raised in another way before it was computed). The clean run still says what the
-            code computes with its checks on; this run only proves where it came from.
-Code that asserts its own values (the chapter's reference does) fails its perturbed runs by design, so its
-clean runs decide: `grade` and `check`, which someone waits for, start them in round 1 (each kept only
-where the perturbed run does not decide alone, so the verdicts are those of two rounds).
+  round 3   (rare) a run perturbing only the operations of a quantity that rounds 1-2 could not observe (a
+            check of the student's own that raised before it was computed).
+The student's own checks (assert statements, torch.testing.assert_close) fail on perturbed data by design: a
+perturbed run records each that fails, with the values as they stood there, and goes on (rank.py). It decides
+alone only where those values are proven too (Judge.proven): a clean run would have stopped at such a check
+with them, or gone on as the perturbed run did. Otherwise (a check of an intermediate value, before the
+answer exists) the clean run says what the code computes, and the perturbed run where the answer came from.
+Code that raises on its own values in another way (`if not torch.allclose(...): raise ...`) fails its
+perturbed runs, so its clean runs decide: `grade` and `check`, which someone waits for, start the clean runs
+of code that checks its own values in round 1 (each kept only where the perturbed run does not decide alone,
+so the verdicts are those of two rounds).
 
 The real-backend run: the student's code once more, at the visible world size, on torch's own gloo (NCCL
 where enough GPUs are visible), for what the chapter teaches: its output and its real communication times.
@@ -66,14 +68,13 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     compiles = any(m.startswith(("torch._inductor", "torch.compile")) for m in preload)
     parallel = 1 if compiles else None
 
-    def request(ws: int, perturb: tuple, label: str, mode: str = "switch", scale: float = 1.0,
-                asserts: bool = True) -> RunRequest:
+    def request(ws: int, perturb: tuple, label: str, mode: str = "switch", scale: float = 1.0) -> RunRequest:
         return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
                           entry=exercise.entry, quantities=names, perturb=perturb, label=label, preload=preload,
                           mode=mode, backend=real_backend if mode == "real" else "gloo",
                           time_scale=(4.0 if compiles else 1.0) * scale,
                           cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
-                          files=dict(getattr(submission, "files", None) or {}), asserts=asserts)
+                          files=dict(getattr(submission, "files", None) or {}))
 
     every = perturbed_ops(exercise)
     first = [request(ws, every, "perturbed") for ws in world_sizes]
@@ -112,13 +113,8 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
               if entry.clean is None and not judge.proven(entry.perturbed[0])]
     for outcome in runner.run_many(second, parallel=parallel) if second else []:
         runs[outcome.request.world_size].clean = outcome
-    third = []
-    for ws, entry in runs.items():
-        wanted = judge.unobserved(entry)
-        if wanted and judge.own_check_fired(entry.perturbed[0]):
-            third.append(request(ws, every, "perturbed-unchecked", asserts=False))
-        else:
-            third += [request(ws, ops, "perturbed-" + "+".join(ops)) for ops in wanted]
+    third = [request(ws, ops, "perturbed-" + "+".join(ops))
+             for ws, entry in runs.items() for ops in judge.unobserved(entry)]
     for outcome in runner.run_many(third, parallel=parallel) if third else []:
         runs[outcome.request.world_size].perturbed.append(outcome)
     if real_at is not None:

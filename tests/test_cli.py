@@ -221,23 +221,26 @@ def test_a_perturbed_run_that_delivered_nothing_is_its_world_sizes_clean_run(tmp
 
 
 @pytest.mark.timeout(120)
-def test_an_assert_on_an_intermediate_value_gets_a_perturbed_run_with_the_students_checks_off(tmp_path):
-    """The student asserts the all-gathered list holds their own slice: the perturbed data fails it before
-    full_feature exists. Round 3 perturbs again with the student's checks off (as `python -O`), which proves
-    the value; the clean run (checks on) still says what the code computes. So does rank 0's assert between
-    the two operations (h10), which stopped the feature before it was made."""
+def test_the_students_own_checks_are_recorded_in_a_perturbed_run_and_its_values_there_proven(tmp_path):
+    """The perturbed data fails the student's own checks by design: a perturbed run records each failed check
+    with the values as they stood there, and goes on. The seed's reference asserts both values once made: they
+    are proven there and at the end, so its perturbed runs decide alone (no clean run). A bug after the assert
+    (m36) leaves the final values unproven: the clean runs decide, and they are wrong. An assert of the
+    gathered list's own slot (h61) fires before full_feature exists: the clean run says it is right, and the
+    perturbed run, which went on, proves where it came from."""
     def grade(path):
         results = tmp_path / f"{path.stem}.json"
         run_cli("grade", str(path), "--results", str(results), "--lang", "en")
         return json.loads(results.read_text())
 
+    seed = grade(FIXTURES / "honest" / "h06_seed_reference.py")
+    assert seed["score"] == 100, outcomes(seed)
+    assert sorted(run_labels(seed)) == [(2, "perturbed"), (2, "real"), (3, "perturbed"), (4, "perturbed")]
+    bug = grade(FIXTURES / "mistakes" / "m36_bug_after_own_assert.py")
+    assert bug["score"] == 10 and {ws for ws, label in run_labels(bug) if label == "clean"} == {2, 3, 4}
     slot = grade(FIXTURES / "honest" / "h61_asserts_its_own_slot.py")
     assert slot["score"] == 100, outcomes(slot)
-    assert {ws for ws, label in run_labels(slot) if label == "perturbed-unchecked"} == {2, 3, 4}
-    assert {ws for ws, label in run_labels(slot) if label == "clean"} == {2, 3, 4}
-    between = grade(FIXTURES / "honest" / "h10_assert_rank0_between.py")
-    assert between["score"] == 100, outcomes(between)
-    assert "perturbed-unchecked" in {label for _, label in run_labels(between)}
+    assert {label for _, label in run_labels(slot)} == {"perturbed", "clean", "real"}
 
 
 @pytest.mark.timeout(120)

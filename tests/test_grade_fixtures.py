@@ -181,6 +181,9 @@ MISTAKES = [
     # right values, the student's own assert (the perturbed data fails it), then a bug: what the code returns
     # counts at every world size (the locals at the assert are not the answer), so each gets its clean run
     ("m36_bug_after_own_assert", 10, {**ids((2, 3, 4), "all_reduce", "wrong"), **ids((2, 3, 4), "all_gather", "wrong")}, []),
+    # its own check stops it at any world size but 2: the perturbed run records the check and goes on (its
+    # values are right), but nothing was made where the check failed, so the clean runs decide: it raised
+    ("m37_asserts_two_ranks", 40, {**ids((3, 4), "all_reduce", "exception"), **ids((3, 4), "all_gather", "exception")}, []),
 ]
 # causes a mistake must not be said to have (each was once said of it, falsely)
 NOT_SAID = {

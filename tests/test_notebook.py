@@ -206,7 +206,7 @@ def test_writefile_cells_are_kept_as_the_files_jupyter_writes():
     # each line of the file is where the student sees it: the cell that wrote it, below its %%writefile line
     assert sub.line_map.files["dist_worker.py"][5] == (1, 6) and worker.splitlines()[4].startswith("def run_worker")
     assert sub.line_map.files["dist_worker.py"][15] == (2, 6) and "dist.all_gather" in worker.splitlines()[14]
-    assert sub.line_map.source[2] == (3, 2) and sub.line_map.entry_files == {"run_worker": "dist_worker.py"}
+    assert sub.line_map.source[2] == (3, 2) and sub.line_map.entry_files["run_worker"] == "dist_worker.py"
 
 
 def test_writefile_names_outside_the_folder_are_notes_never_files():
@@ -274,3 +274,32 @@ def test_cli_check_finds_the_entry_in_the_file_a_cell_writes():
     assert "[PASS] 5/5  Static: run_worker calls dist.all_reduce\n       run_worker reaches all_reduce (cell 1, line 8)." in proc.stdout
     assert "run_worker reaches all_gather (cell 2, line 6)." in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+# -- a worker file the notebook imports in any way, or runs as a script ----------------------------
+
+WORKER_NOTEBOOKS = ["writefile_star_import.ipynb",          # from dist_worker import *
+                    "writefile_import_in_launcher.ipynb",   # the import is in the function mp.spawn starts
+                    "writefile_bang_python.ipynb"]          # !python dist_primitives_worker.py: never imported
+
+
+@pytest.mark.parametrize("name", WORKER_NOTEBOOKS)
+def test_the_static_check_finds_an_entry_the_notebook_imports_anywhere_or_runs(name):
+    import ast
+    from grader.submission import static
+    sub = load.load(NB / name)
+    report = static.inspect_source(ast.parse(sub.source), "run_worker", files=sub.files)
+    assert report.has_entry and report.entry_file in sub.files and report.entry_params == 2
+    assert set(report.reached) == {"all_reduce", "all_gather"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", WORKER_NOTEBOOKS)
+def test_cli_grades_an_entry_the_notebook_imports_anywhere_or_runs(grade, name):
+    """A file the notebook never imports (a script it runs with `!python`) is loaded in the ranks as the
+    submission is, its definitions only: its top-level print, and its `if __name__ == "__main__":` mp.spawn,
+    never run there."""
+    results, proc = grade(NB / name, "--exercise", EX)
+    assert results["score"] == 100, results
+    assert "No function run_worker" not in results["output"]
+    assert "worker.py: loaded" not in json.dumps(results) and "Traceback" not in proc.stdout + proc.stderr

@@ -337,7 +337,13 @@ WORKER = {"dist_worker.py": "import torch.distributed as dist\ndef run_worker(r,
      ("dist_worker.py", "run_worker")),
     ("import dist_worker as w\nmp.spawn(w.run_worker, nprocs=2)\n", ("dist_worker.py", "run_worker")),
     ("from dist_worker import run_worker\ndef run_worker(r, w):\n    pass\n", None),        # the last binding wins
-    ("import dist_worker\n", None),                                                         # never named
+    ("import dist_worker\n", ("dist_worker.py", "run_worker")),                              # the one file defining it
+    ("from dist_worker import *\n", ("dist_worker.py", "run_worker")),
+    ("from dist_worker import *\ndef run_worker(r, w):\n    pass\n", None),                   # the last binding wins
+    ("def launch(r, w):\n    from dist_worker import run_worker\n    run_worker(r, w)\n",      # imported where spawned
+     ("dist_worker.py", "run_worker")),
+    ("def launch(r, w):\n    import dist_worker\n    dist_worker.run_worker(r, w)\n", ("dist_worker.py", "run_worker")),
+    ("pass  # !python dist_worker.py\n", ("dist_worker.py", "run_worker")),                 # a script the notebook runs
     ("from elsewhere import run_worker\n", None),                                           # not a written file
 ])
 def test_entry_origin(src, origin):
@@ -360,3 +366,165 @@ def test_torch_modules_of_written_files_are_preloaded():
     files = {"w.py": "import torch.distributed._functional_collectives as fc\ndef run_worker(r, n):\n    fc.all_reduce(t, 'sum', g)\n"}
     report = static.inspect_source(ast.parse("from w import run_worker\n"), files=files)
     assert report.reached == {"all_reduce": [3]} and "torch._dynamo" in report.torch_modules
+
+
+def test_no_entry_origin_when_several_written_files_define_it_and_nothing_names_one():
+    files = {**WORKER, "other.py": "def run_worker(r, w):\n    pass\n"}
+    assert static.entry_origin(ast.parse("pass\n"), "run_worker", files) is None
+    assert static.entry_origin(ast.parse("from other import *\n"), "run_worker", files) == ("other.py", "run_worker")
+
+
+# -- what a rank runs of the top level (definitions_only) ----------------------------------------------
+
+def kept(src: str) -> str:
+    return ast.unparse(static.definitions_only(ast.parse(textwrap.dedent(src))))
+
+
+LAUNCH_HEAD = """
+import functools, os, platform, subprocess, timeit
+import multiprocessing
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+def run_worker(r, w):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    return t
+def spawn_all(n):
+    mp.spawn(run_worker, nprocs=n)
+def main():
+    for n in (2, 4):
+        spawn_all(n)
+def make_worker():
+    def worker(r, w):
+        dist.all_gather([], torch.ones(1))
+    return worker
+def timed(fn):
+    def wrapper(*args):
+        return fn(*args)
+    return wrapper
+def table():
+    return {r: r // 2 for r in range(8)}
+class Launcher:
+    def __init__(self, n):
+        mp.spawn(run_worker, nprocs=n)
+"""
+
+
+@pytest.mark.parametrize("line", [
+    "USE_NCCL = platform.system() == 'Linux'",                     # platform.system is not os.system
+    "INITIAL = table()",                                           # a constant from the submission's own helper
+    "all_reduce = timed(dist.all_reduce)",                         # a wrapper: the operation is passed, not called
+    "run_worker = make_worker()",                                  # a factory: what it returns is not called
+    "go = lambda t: dist.all_reduce(t)",                           # a lambda is a definition
+    "R = functools.partial(dist.all_reduce, op=dist.ReduceOp.SUM)",
+    "NODE_OF = {}\nfor r in range(64):\n    NODE_OF[r] = r // 2",  # a table a loop fills
+    "LEADERS = []\nfor r in range(64):\n    if r % 2 == 0:\n        LEADERS.append(r)",
+    "SIZES = []\nSIZES.extend([1, 2])",                             # filling a container the module binds
+    "os.environ['MASTER_PORT'] = '29500'",
+    "with open(__file__) as f:\n    TEXT = f.read()",
+])
+def test_a_rank_keeps_top_level_code_that_only_computes_values(line):
+    src = LAUNCH_HEAD + line + "\n"
+    assert kept(src) == ast.unparse(ast.parse(src))
+
+
+@pytest.mark.parametrize("line", [
+    "procs = mp.spawn(run_worker, nprocs=2)",                                 # by its origin
+    "status = os.system('nvidia-smi')",
+    "out = subprocess.run(['nvidia-smi'])",
+    "p = multiprocessing.Process(target=run_worker, args=(0, 2))",
+    "ctx = mp.get_context('spawn')\np = ctx.Process(target=run_worker)",       # origin unknown: by name
+    "x = main()",                                                              # through own functions
+    "x = [spawn_all(n) for n in (2, 4)]",
+    "for n in (2, 4):\n    spawn_all(n)",                                        # a launch loop
+    "RESULTS = {}\nfor n in (2, 4):\n    RESULTS[n] = main()",
+    "t = timeit.timeit(lambda: spawn_all(2), number=3)",                      # a callback it calls
+    "t = timeit.timeit(main, number=3)",
+    "go = functools.partial(mp.spawn, run_worker)",                            # a launcher passed on
+    "launcher = Launcher(2)",                                                  # a class whose __init__ spawns
+    "answer = run_worker(0, 1)",                                              # communicates at import
+    "GROUP = dist.new_group([0, 1])",
+    "with multiprocessing.Pool(2) as pool:\n    SQUARES = pool.map(abs, [1, 2])",
+    "if True:\n    main()",
+    "while True:\n    x = 1",                                                   # never a while loop
+    "for n in (2, 4):\n    print(n)",                                          # a loop that only prints
+    "print('launching')",
+    "main()",
+])
+def test_a_rank_drops_top_level_code_that_launches_or_communicates(line):
+    kept_src = kept(LAUNCH_HEAD + line + "\n")
+    head = ast.unparse(ast.parse(LAUNCH_HEAD))
+    assert kept_src.startswith(head)
+    rest = kept_src[len(head):].strip()
+    assert rest in ("", "if True:\n    pass", "ctx = mp.get_context('spawn')", "RESULTS = {}"), rest
+
+
+def test_a_statement_reading_what_a_dropped_one_bound_is_dropped_too():
+    src = LAUNCH_HEAD + """
+procs = [mp.Process(target=run_worker, args=(r, 2)) for r in range(2)]
+for p in procs:
+    p.start()
+NAMES = [str(p) for p in procs]
+DONE = []
+for p in procs:
+    DONE.append(p)
+N = 4
+TABLE = {r: r for r in range(N)}
+"""
+    rest = kept(src)[len(ast.unparse(ast.parse(LAUNCH_HEAD))):].strip()
+    assert rest == "DONE = []\nN = 4\nTABLE = {r: r for r in range(N)}"
+
+
+@pytest.mark.parametrize("qualified, name, launches", [
+    ("os.system", "system", True), ("platform.system", "system", False), ("subprocess.run", "run", True),
+    ("torch.multiprocessing.spawn", "spawn", True), ("os.execvp", "execvp", True), ("os.path.join", "join", False),
+    ("torch.distributed.run.main", "main", True), ("time.process_time", "process_time", False),
+    (None, "Process", True), (None, "start", False),
+    ("mylib.run", "run", True),                                 # another package's: by its name
+])
+def test_launchers_by_origin_where_it_is_known(qualified, name, launches):
+    assert static.is_launcher(qualified, name) is launches
+
+
+# -- entries and operations made by the submission's own factories and wrappers ---------------------------
+
+def test_an_operation_wrapped_by_the_submissions_own_function_is_reached():
+    src = LAUNCH_HEAD + "all_reduce = timed(dist.all_reduce)\nother = timed(dist.all_gather)\n" + \
+        "def run_worker(r, w):\n    all_reduce(t)\n"
+    assert reached(src) == {"all_reduce"}          # `other` is never used
+    # a call of something else with the operation as an argument is not a wrapper the value holds
+    assert reached(HEAD + "x = len(dist.all_reduce)\ndef run_worker(r, w):\n    x(t)\n") == set()
+
+
+@pytest.mark.parametrize("src, line, params, ops", [
+    ("def make(n):\n    def worker(rank, ws):\n        dist.all_reduce(t)\n    return worker\nrun_worker = make(4)\n",
+     4, 2, {"all_reduce"}),
+    ("def timed(fn):\n    def wrapper(*a):\n        return fn(*a)\n    return wrapper\n"
+     "def _impl(rank, ws):\n    dist.all_gather(l, t)\nrun_worker = timed(_impl)\n", 7, 2, {"all_gather"}),
+    ("def run_worker(rank, ws):\n    dist.all_gather(l, t)\n"
+     "def timed(fn):\n    return fn\nrun_worker = timed(run_worker)\n", 3, 2, {"all_gather"}),
+])
+def test_an_entry_made_by_a_factory_or_wrapper_of_the_submission(src, line, params, ops):
+    report = inspect(HEAD + src)
+    assert report.has_entry and report.entry_line == line and report.entry_params == params
+    assert set(report.reached) == ops
+
+
+def test_an_entry_made_by_something_else_is_not_found():
+    assert not inspect(HEAD + "run_worker = make_it()\n").has_entry
+    assert not inspect(HEAD + "def make():\n    return 1\nrun_worker = make()\n").has_entry
+    # a def after the factory's binding is the entry, as when Python runs it
+    src = HEAD + "def make():\n    def w(r, n):\n        pass\n    return w\nrun_worker = make()\ndef run_worker(a, b, c):\n    pass\n"
+    assert inspect(src).entry_params == 3
+
+
+def test_a_name_a_dropped_block_binds_again_keeps_its_kept_value():
+    src = LAUNCH_HEAD + """
+world_size = 2
+if __name__ == "__main__":
+    world_size = 4
+    spawn_all(world_size)
+SIZES = [world_size * k for k in (1, 2)]
+"""
+    assert kept(src).endswith("world_size = 2\nSIZES = [world_size * k for k in (1, 2)]")

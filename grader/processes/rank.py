@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import importlib
 import linecache
 import os
 import sys
@@ -87,6 +86,19 @@ class RankLink(backend.Link):
         if changed:
             self.channel.send({"t": "snap", "locals": changed}, blobs)
 
+    def check_failed(self, line: int | None) -> None:
+        """One of the student's own checks failed (a perturbed run goes on): the entry function's quantities as
+        they stand now, which a clean run that stopped here would have been judged on."""
+        frame = sys._getframe(1)   # the grader's frames below the student's are no entry function's
+        while frame is not None and frame.f_code not in self.entry_codes:
+            frame = frame.f_back
+        found, blobs = {}, []
+        if frame is not None:
+            for name, value in list(frame.f_locals.items()):
+                if name in self.names:
+                    found[name] = values.describe(value, self.snap_budget, blobs)
+        self.channel.send({"t": "check", "line": line, "locals": found}, blobs)
+
 
 _LINK: RankLink | None = None
 _CHANNEL: Channel | None = None
@@ -132,12 +144,41 @@ def _student_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     return _ORIGINALS["monitored_barrier"](group, timeout, wait_all_ranks)
 
 
+class _StudentStore(type):
+    """`dist.TCPStore` / `dist.FileStore` as a student's code sees them. In a graded run the rank already
+    belongs to the grader's group, which a student's init_process_group joins whatever store it is given, and
+    the switch is the only way to another rank: a store the student makes is an in-process one there
+    (dist.HashStore), which never connects anywhere (a TCPStore would wait for a peer it cannot reach until
+    the time limit). Elsewhere (a real-backend run, the zygote) it is torch's own class."""
+
+    def __call__(cls, *args, **kwargs):
+        if _CHANNEL is None or _LINK is None or _LINK.spec.get("mode") != "switch":
+            return cls.original(*args, **kwargs)
+        store = dist.HashStore()
+        timeout = kwargs.get("timeout", next((a for a in args if isinstance(a, timedelta)), None))
+        if isinstance(timeout, timedelta):   # a key no rank of this process sets: waited for as long as asked
+            store.set_timeout(timeout)
+        return store
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, cls.original)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, cls.original)
+
+
+def _student_store(original: type) -> type:
+    return _StudentStore(original.__name__, (), {"original": original, "__doc__": original.__doc__,
+                                                 "__module__": original.__module__})
+
+
 _ORIGINALS: dict = {}
 
 
 def install_hooks() -> None:
-    """Register the grader's backend and take over init/destroy of the default group. Called once, in
-    the zygote; everything a rank imports later is imported here first (ranks cannot read the checkout)."""
+    """Register the grader's backend and take over init/destroy of the default group, and the stores a
+    student makes (`_StudentStore`). Called once, in the zygote; everything a rank imports later is imported
+    here first (ranks cannot read the checkout)."""
     backend.install(None)
     if _ORIGINALS:
         return
@@ -148,6 +189,12 @@ def install_hooks() -> None:
         _ORIGINALS[name] = getattr(c10d, name)
         for module in (dist, c10d):
             setattr(module, name, replacement)
+    for name in ("TCPStore", "FileStore"):
+        _ORIGINALS[name] = getattr(dist, name)
+        replacement = _student_store(_ORIGINALS[name])
+        for module in (dist, c10d):
+            if getattr(module, name, None) is _ORIGINALS[name]:
+                setattr(module, name, replacement)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,37 +241,95 @@ def _load_submission(spec: dict) -> types.ModuleType:
     module = types.ModuleType("submission")
     module.__file__ = filename
     sys.modules["submission"] = module
-    asserts = spec.get("asserts", True) is not False
-    if not asserts:   # the student's own checks off, where the grader's perturbed data would fail them
-        for name in ("assert_close", "assert_allclose"):
-            if hasattr(torch.testing, name):
-                setattr(torch.testing, name, _no_check)
-    exec(compile(tree, filename, "exec", optimize=0 if asserts else 1), module.__dict__)
+    exec(_compile(tree, filename, module, spec), module.__dict__)
     return module
 
 
-def _no_check(*args, **kwargs) -> None:
-    """torch.testing.assert_close in a run whose perturbed data the student's checks would fail."""
-    return None
+# -- the student's own checks -----------------------------------------------------------------------
+# A perturbed run's data fails the student's own checks of the expected values by design (an assert of the
+# averaged gradient, torch.testing.assert_close of a shard). There they are recorded, with the entry
+# function's quantities as they stand at the check, and the code goes on: the supervisor proves those values
+# too (a clean run would have stopped there with them). Every other run raises as Python does.
+
+CHECK_HOOK = "__grader_check__"
+
+
+class _RecordChecks(ast.NodeTransformer):
+    """`assert test, msg` -> `if not test: __grader_check__(line, msg)` (msg evaluated only on failure)."""
+
+    def visit_Assert(self, node: ast.Assert):
+        call = ast.Call(ast.Name(CHECK_HOOK, ast.Load()),
+                        [ast.Constant(node.lineno), node.msg or ast.Constant(None)], [])
+        made = ast.If(ast.UnaryOp(ast.Not(), node.test), [ast.Expr(call)], [])
+        return ast.copy_location(ast.fix_missing_locations(ast.copy_location(made, node)), node)
+
+
+def _compile(tree: ast.Module, filename: str, module: types.ModuleType, spec: dict):
+    """The submission's code (or a written file's) as this run executes it: its failed checks recorded in a
+    perturbed run, raised otherwise."""
+    if spec.get("checks") == "record":
+        tree = ast.fix_missing_locations(_RecordChecks().visit(tree))
+        module.__dict__[CHECK_HOOK] = _check_failed
+        for name in ("assert_close", "assert_allclose"):
+            original = getattr(torch.testing, name, None)
+            if original is not None and not getattr(original, "_records", False):
+                setattr(torch.testing, name, _recording(original))
+    return compile(tree, filename, "exec")
+
+
+def _check_failed(line=None, message=None) -> None:
+    if _LINK is not None:
+        _LINK.check_failed(line if type(line) is int else None)
+
+
+def _recording(check):
+    """torch.testing.assert_close in a perturbed run: a failure is recorded, not raised."""
+    def recorded(*args, **kwargs):
+        try:
+            return check(*args, **kwargs)
+        except AssertionError:
+            frame = sys._getframe(1)
+            _check_failed(frame.f_lineno if frame.f_code.co_filename in real.FILENAMES else None)
+    recorded._records = True
+    recorded.__wrapped__ = check
+    return recorded
 
 
 def _entry(module: types.ModuleType, spec: dict):
-    """The entry function: the submission's own, or the one a notebook cell wrote into a file and the
-    notebook imports (`from dist_worker import run_worker`, or `import dist_worker`: static.entry_origin)."""
+    """The entry function: the submission's own, or the one a notebook cell wrote into a file
+    (static.entry_origin: the notebook imports it, at the top or in the function it spawns, or runs the file
+    as a script: `!python dist_worker.py`). A written file the submission has not imported is loaded as the
+    submission is, its definitions only: its launch code (`if __name__ == "__main__":`) never runs here."""
     entry = getattr(module, spec["entry"], None)
     if entry is None and spec.get("files"):
         origin = static.entry_origin(ast.parse(spec["source"]), spec["entry"], spec["files"])
         if origin is not None:
-            written = importlib.import_module(origin[0][:-3].replace("/", "."))
-            entry = getattr(written, origin[1])
+            name, path = origin[0][:-3].replace("/", "."), os.path.join(os.getcwd(), origin[0])
+            written = sys.modules.get(name)
+            if getattr(written, "__file__", None) != path:
+                written = _load_written(path, name, spec)
+            entry = getattr(written, origin[1], None)
     if entry is None:
         raise AttributeError(f"module 'submission' has no attribute '{spec['entry']}'")
     return entry
 
 
+def _load_written(path: str, name: str, spec: dict) -> types.ModuleType:
+    """A file a notebook cell wrote (_write_files), as a module of its definitions only."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    exec(_compile(static.definitions_only(ast.parse(source, path)), path, module, spec), module.__dict__)
+    return module
+
+
 def _entry_codes(entry, name: str, filenames) -> set:
     """The code objects whose locals are the entry function's: the student's own function, also when it
-    is decorated (through `__wrapped__`, or a function of that name defined in the submission)."""
+    is decorated (through `__wrapped__`, or a function of that name defined in the submission), or, failing
+    those, the student's function the entry name is bound to (what a factory returned)."""
     codes = set()
     seen = 0
     fn = entry
@@ -251,6 +356,9 @@ def _entry_codes(entry, name: str, filenames) -> set:
             code = getattr(inner, "__code__", None)
             if code is not None and code.co_name == name and code.co_filename in filenames:
                 codes.add(code)
+    code = getattr(entry, "__code__", None)
+    if not codes and code is not None and code.co_filename in filenames:
+        codes.add(code)   # a factory's function of another name (`run_worker = make_worker()`, `def worker`)
     return codes
 
 

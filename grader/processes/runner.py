@@ -41,6 +41,7 @@ PROCESS_CHECK_S = 0.1    # how often a run's processes are counted (one walk of 
 MAX_REPORTS = 128 << 20  # what one rank may send besides its operations: answers (values.BUDGET_BYTES), snapshots
 #                          (values.SNAPSHOT_BYTES) and the frames around them (MAX_OPS snapshots at most)
 MAX_SNAPSHOT_NAMES = 512  # locals a rank's snapshot keeps (the entry function's, as it enters an operation)
+MAX_CHECKS = 16           # failed checks of the student's own a rank's record keeps, with their values
 MAX_UNREAD = MAX_OUTPUT + (8 << 20)   # what the switch may owe a rank that has not read it (its reader reads
                                       # at once: more is a rank that stopped reading, and it is stopped)
 READ_CHUNK = 1 << 18
@@ -81,8 +82,6 @@ class RunRequest:
     files: dict = field(default_factory=dict)   # files written in each rank's working folder (%%writefile)
     cuda: bool = False                    # the ranks see the machine's GPUs (a graded run's CUDA tensors go
     #                                       through the switch by host copies; a real NCCL run needs them)
-    asserts: bool = True                  # False: the submission's own checks are off (assert statements, as
-    #                                       `python -O` runs them, and torch.testing.assert_close)
 
     def perturbs(self, op: str) -> bool:
         return op in self.perturb
@@ -99,6 +98,9 @@ class RankRecord:
     calls: list[Call] = field(default_factory=list)     # every operation, as the switch measured it, in order
     inside: Call | None = None                          # the operation the rank waits on (the switch's word)
     snapshot: dict = field(default_factory=dict)        # entry-function tensors as of its last operation
+    checks: list = field(default_factory=list)          # the student's own checks that failed (a perturbed run
+    #                                                     records them): {"line", "values" as they stood there}
+    checks_dropped: int = 0                             # failed checks past MAX_CHECKS
     result: dict | None = None
     notes: list[str] = field(default_factory=list)
     timings: list[dict] = field(default_factory=list)   # real-backend runs: each call as the rank timed it
@@ -390,7 +392,10 @@ class Runner:
             spec = {"t": "spec", "rank": r, "world_size": request.world_size, "source": request.source,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
                     "backend": request.backend, "mode": mode, "store": store, "timeout": limits.wall_s,
-                    "files": dict(request.files), "asserts": request.asserts}
+                    "files": dict(request.files),
+                    # a perturbed run records the student's own failed checks and goes on (rank.py): its data
+                    # fails them by design; every other run raises, as Python does
+                    "checks": "record" if request.perturb else "raise"}
             run.pending[chan] = wire.pack(spec)
             run.channel[r] = chan
             run.readers[chan] = wire.FrameReader()
@@ -589,6 +594,15 @@ class Runner:
                     name = str(k)[:100]
                     if name in record.snapshot or len(record.snapshot) < MAX_SNAPSHOT_NAMES:
                         record.snapshot[name] = wire.value(v, blobs)
+        elif kind == "check":
+            if len(record.checks) >= MAX_CHECKS or not isinstance(header.get("locals"), dict):
+                record.checks_dropped += 1
+            else:
+                names = list(run.request.quantities)
+                found = header["locals"]
+                line = header.get("line")
+                record.checks.append({"line": line if type(line) is int and 0 < line < 1 << 31 else None,
+                                      "values": {n: wire.value(found[n], blobs) for n in names if n in found}})
         elif kind == "ready":
             record.ready = True
         elif kind == "memory":   # the rank ends now (channel.Channel.out_of_memory)

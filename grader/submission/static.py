@@ -8,13 +8,19 @@ dict literal, a constant-valued name), `functools.partial(...)`, a lambda, a hel
 the submission, functional collectives, `torch.distributed.nn.functional`, the `_into_tensor` / `_single` /
 `_base` variants, or a process group's own method. A reference counts when its value is used: called,
 passed on, returned, held in a container or a name that is used (flow.py); `f = dist.reduce_scatter_tensor`
-alone reaches nothing. Dead code (`if False:`, code after `return`) counts for nothing. A notebook's entry
-function may live in a file one of its cells writes (`%%writefile dist_worker.py`, then `from dist_worker
-import run_worker`): `inspect_source(tree, entry, files=...)` follows it there (`entry_origin`).
+alone reaches nothing; `all_reduce = timed(dist.all_reduce)`, a wrapper the submission's own function makes,
+reaches all_reduce. Dead code (`if False:`, code after `return`) counts for nothing. The entry function is
+the submission's def, or what its own factory or wrapper makes (`run_worker = make_worker()`); in a notebook
+it may live in a file one of its cells writes (`%%writefile dist_worker.py`, then `from dist_worker import
+run_worker`, or `!python dist_worker.py`): `inspect_source(tree, entry, files=...)` follows it there
+(`entry_origin`).
 """
 from __future__ import annotations
 
 import ast
+import fnmatch
+import functools
+import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,9 +35,6 @@ GROUP_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
                  "_allgather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
                  "reduce_scatter_tensor_coalesced": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
                  "alltoall": "all_to_all", "alltoall_base": "all_to_all"}
-# Calls that start processes: a top-level assignment that makes one is a launch, not a definition.
-LAUNCHERS = {"spawn", "start_processes", "Process", "Popen", "system", "fork", "run", "call",
-             "check_call", "check_output", "launch", "elastic_launch"}
 
 
 @dataclass
@@ -170,14 +173,45 @@ class _Module:
         self.scope.defined = {node.name for node in ast.walk(tree)
                               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
         self.functions: dict[str, ast.AST] = {}
+        self.made: dict[str, ast.Call] = {}   # names last bound to what a function of its own returns
         for stmt in statements:
             self.scope.bind(stmt)
             if isinstance(stmt, DEFS):
                 self.functions[stmt.name] = stmt
+                self.made.pop(stmt.name, None)
+            elif isinstance(stmt, ast.Assign):
+                own = isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name) \
+                    and isinstance(self.functions.get(stmt.value.func.id), (ast.FunctionDef, ast.AsyncFunctionDef))
+                for name in (n for t in stmt.targets for n in flow.target_names(t)):
+                    if own and isinstance(stmt.targets[0], ast.Name):
+                        self.made[name] = stmt.value
+                    else:
+                        self.made.pop(name, None)
         self.parents = flow.parents(tree)
         top = [node for stmt in statements for node in _live_nodes(stmt, stop=DEFS)]
         self.flow = flow.Flow(top, self.parents)
         self.values = _values([n for n in top if isinstance(n, ast.stmt)], self.scope, self.flow)
+
+    def entry(self, name: str) -> tuple[ast.AST | None, list[ast.AST]]:
+        """The function `name` is, and the functions to walk for what it reaches: its def; or, where the top
+        level binds it to what a function of the submission returns, the function that one wraps
+        (`run_worker = timed(_run_worker)`: it and the wrapper) or the function it defines and returns
+        (`run_worker = make_worker()`: the factory, with everything it defines)."""
+        call = self.made.get(name)
+        if call is None:
+            fn = self.functions.get(name)
+            return (fn, [fn]) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else (None, [])
+        factory = self.functions[call.func.id]
+        for arg in [*call.args, *(k.value for k in call.keywords)]:
+            wrapped = self.functions.get(arg.id) if isinstance(arg, ast.Name) else None
+            if isinstance(wrapped, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                return wrapped, [wrapped, factory]
+        nested = {n.name: n for n in ast.walk(factory)
+                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not factory}
+        for node in _live_nodes(factory):
+            if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id in nested:
+                return nested[node.value.id], [factory]
+        return None, []
 
 
 class _Program:
@@ -224,9 +258,12 @@ def _split(qualified: str | None, modules: dict[str, str]) -> tuple[str, str] | 
 def entry_origin(tree: ast.Module, entry: str = ENTRY, files: dict[str, str] | None = None) -> tuple[str, str] | None:
     """Where the entry function is when a notebook cell writes it into a file: (the file, the function's name
     in it). Found from the binding of `entry` at the top level (`from dist_worker import run_worker`, `...
-    import f as run_worker`, `run_worker = dist_worker.f`; the last binding wins, as when Python runs it), or,
-    when nothing there binds `entry`, from `import dist_worker` and a reference to `dist_worker.run_worker`
-    (`mp.spawn(dist_worker.run_worker, ...)`). None: the submission defines it itself, or nothing does."""
+    import f as run_worker`, `run_worker = dist_worker.f`, `from dist_worker import *`; the last binding wins,
+    as when Python runs it); when nothing there binds `entry`, from an import of it anywhere (in the function
+    that mp.spawn starts), or from `import dist_worker` and a reference to `dist_worker.run_worker`
+    (`mp.spawn(dist_worker.run_worker, ...)`); when nothing names it either, the one written file that
+    defines it (a script the notebook runs: `!python dist_worker.py`). None: the submission defines it
+    itself, or nothing does."""
     modules = written_modules(files)
     if not modules:
         return None
@@ -237,14 +274,37 @@ def entry_origin(tree: ast.Module, entry: str = ENTRY, files: dict[str, str] | N
             origin, bound = None, True
         elif _binds(stmt, entry):
             origin, bound = _split(scope.names.get(entry), modules), True
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module in modules and not entry.startswith("_") \
+                and any(a.name == "*" for a in stmt.names) and entry in _top_names(files[modules[stmt.module]]):
+            origin, bound = (modules[stmt.module], entry), True
     if bound:
         return origin
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules \
+                and any(a.name == entry for a in node.names):
+            return modules[node.module], entry
+        if isinstance(node, ast.Import) and not any(scope.lookup((a.asname or a.name).split(".")[0]) for a in node.names):
+            scope.bind(node)
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == entry and isinstance(node.ctx, ast.Load):
             found = _split(scope.qualify(node), modules)
             if found is not None:
                 return found
-    return None
+    defining = [file for file in modules.values() if entry in _top_names(files[file])]
+    return (defining[0], entry) if len(defining) == 1 else None
+
+
+@functools.lru_cache(maxsize=64)
+def _top_names(source: str) -> frozenset[str]:
+    """The names a written file binds at its top level (functions, classes, assignments, imports)."""
+    tree, _ = parse_source(source, "written.py")
+    names: set[str] = set()
+    for stmt in _live_statements(tree.body) if tree is not None else ():
+        if isinstance(stmt, DEFS):
+            names.add(stmt.name)
+        elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Import, ast.ImportFrom)):
+            names |= _bound_names(stmt)
+    return frozenset(names)
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:
@@ -272,8 +332,8 @@ def inspect_source(tree: ast.Module, entry_name: str = ENTRY, files: dict[str, s
         if module is None:   # the file does not parse: the ranks' import of it says why
             report.has_entry = True
             return report
-    entry = module.functions.get(name)
-    if not isinstance(entry, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    entry, roots = module.entry(name)
+    if entry is None:
         return report
     report.has_entry = True
     report.entry_line = entry.lineno
@@ -331,7 +391,8 @@ def inspect_source(tree: ast.Module, entry_name: str = ENTRY, files: dict[str, s
                 elif other.values.get(other_name):
                     record(_select(other.values[other_name], None), node)
 
-    walk(entry, module.scope, module.flow, module, None)
+    for root in roots:
+        walk(root, module.scope, module.flow, module, None)
     report.reached = {op: sorted(lines) for op, lines in reached.items() if lines}
     return report
 
@@ -344,7 +405,7 @@ def _values(statements: list, scope: _Scope, here: flow.Flow, outer: dict | None
     def ops_in(expr: ast.AST) -> set[str]:
         found: set[str] = set()
         for sub in ast.walk(expr):
-            if not _carried(sub, expr, here.parent):
+            if not _carried(sub, expr, here.parent, scope.defined):
                 continue
             found |= _ops_named(sub, scope, here)
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
@@ -373,10 +434,11 @@ def _values(statements: list, scope: _Scope, here: flow.Flow, outer: dict | None
     return out
 
 
-def _carried(node: ast.AST, root: ast.AST, parent_of) -> bool:
+def _carried(node: ast.AST, root: ast.AST, parent_of, own: set[str] = frozenset()) -> bool:
     """Whether the value bound to `root` holds `node` itself (not something computed from it): `node` is
     `root`, or sits in it inside a lambda, a container literal, a conditional expression, or as an argument
-    of `functools.partial`."""
+    of `functools.partial` or of one of the submission's own functions `own` (a wrapper it returns:
+    `all_reduce = timed(dist.all_reduce)`)."""
     path, child = [], node
     while child is not root and child is not None:
         parent = parent_of(child)
@@ -385,7 +447,8 @@ def _carried(node: ast.AST, root: ast.AST, parent_of) -> bool:
     if child is None or any(isinstance(parent, ast.Lambda) for parent, _ in path):
         return child is not None
     for parent, child in path:
-        partial = isinstance(parent, ast.Call) and child is not parent.func and (_dotted(parent.func) or [""])[-1] == "partial"
+        partial = isinstance(parent, ast.Call) and child is not parent.func and (
+            (_dotted(parent.func) or [""])[-1] == "partial" or isinstance(parent.func, ast.Name) and parent.func.id in own)
         if not (partial or isinstance(parent, flow.HELD_IN + (ast.keyword,))
                 or isinstance(parent, ast.Dict) and child in parent.values
                 or isinstance(parent, ast.IfExp) and child is not parent.test):
@@ -459,14 +522,181 @@ def _torch_modules(tree: ast.Module) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------
 # Definitions only: what a rank executes of the submission.
+#
+# A rank runs the submission's top level except what starts processes or communicates: an `if __name__ ...`
+# block, a bare expression (a call: `main()`, `print(...)`), and a statement that calls a launcher or an
+# operation of torch.distributed (`_Actions`), directly or through the submission's own functions, classes
+# and methods. Assignments, `for` loops and `if`/`try`/`with` blocks that only compute values (constants, lookup
+# tables, wrappers: `all_reduce = timed(dist.all_reduce)`, `run_worker = make_worker()`) run; so does filling a
+# container the module binds (`TABLE.append(...)`). A statement that reads a name only a dropped statement
+# binds is dropped too (`for p in procs: p.join()` after `procs = [mp.Process(...) ...]`).
 
-def _calls_in(node: ast.AST) -> list[str]:
-    names = []
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            parts = _dotted(sub.func)
-            if parts:
-                names.append(parts[-1])
+# Calls that start processes, by their origin where it is the standard library or torch (`os.system`, never
+# `platform.system`); by their name alone where the origin is unknown (`ctx.Process(...)` of
+# `ctx = mp.get_context("spawn")`, `get_ipython().system(...)`, another package's `launch`).
+LAUNCHERS = {"spawn", "start_processes", "Process", "Pool", "ProcessPoolExecutor", "Popen", "system", "popen",
+             "fork", "run", "call", "check_call", "check_output", "getoutput", "launch", "elastic_launch"}
+LAUNCHER_ORIGINS = {
+    "os": ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "exec*", "spawn*"),
+    "subprocess": ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput"),
+    "multiprocessing": ("Process", "Pool"), "multiprocessing.pool": ("Pool",),
+    "multiprocessing.context": ("Process", "SpawnProcess", "ForkProcess", "ForkServerProcess"),
+    "torch.multiprocessing": ("spawn", "start_processes", "Process", "Pool"),
+    "torch.multiprocessing.spawn": ("spawn", "start_processes"),
+    "concurrent.futures": ("ProcessPoolExecutor",), "pty": ("spawn", "fork"),
+    "asyncio": ("create_subprocess_exec", "create_subprocess_shell"),
+    "torch.distributed.run": ("main", "run"), "torch.distributed.launch": ("main", "launch"),
+    "torch.distributed.launcher": ("elastic_launch", "launch_agent"),
+    "torch.distributed.launcher.api": ("elastic_launch", "launch_agent"),
+}
+KNOWN_MODULES = frozenset(sys.stdlib_module_names) | {"torch"}
+# Setting up groups communicates as well (a module-level `GROUP = dist.new_group(...)` is not a definition).
+GROUP_SETUP = {f"{module}.{name}" for module in ("torch.distributed", "torch.distributed.distributed_c10d")
+               for name in ("init_process_group", "destroy_process_group", "new_group", "new_subgroups",
+                            "new_subgroups_by_enumeration")} | {"torch.distributed.device_mesh.init_device_mesh"}
+# Methods that fill a container the module binds: the only bare expressions a rank runs.
+FILLERS = {"append", "extend", "insert", "update", "setdefault", "add"}
+INITS = ("__init__", "__new__", "__post_init__")   # what calling a class runs
+MAX_FOLLOWED = 64   # nested calls into the submission's own functions followed (each takes a few Python frames)
+
+
+def is_launcher(qualified: str | None, name: str) -> bool:
+    """Whether a call of `qualified` (where the name comes from; None when unknown), named `name`, starts
+    processes."""
+    if qualified is None:
+        return name in LAUNCHERS
+    module, _, last = qualified.rpartition(".")
+    if module.split(".")[0] in KNOWN_MODULES:
+        return any(fnmatch.fnmatchcase(last, pattern) for pattern in LAUNCHER_ORIGINS.get(module, ()))
+    return last in LAUNCHERS
+
+
+def _run_nodes(node: ast.AST, in_function: bool = False):
+    """The nodes below `node` that run when it runs: not the bodies of the functions and classes it defines,
+    nor of its lambdas, except a lambda it calls or passes to a call (a callback), or, in a function, one it
+    does not return."""
+    stack: list[tuple[ast.AST, ast.AST | None]] = [(node, None)]
+    while stack:
+        current, parent = stack.pop()
+        yield current
+        if isinstance(current, DEFS):
+            continue
+        if isinstance(current, ast.Lambda):
+            passed = isinstance(parent, (ast.Call, ast.keyword))
+            if not (passed or in_function and not isinstance(parent, ast.Return)):
+                continue
+        stack.extend((child, current) for child in ast.iter_child_nodes(current))
+
+
+class _Actions:
+    """Whether running some code starts processes or communicates (`acts`): it calls a launcher, or passes one
+    to a call (`functools.partial(mp.spawn, ...)`); or calls an operation (comm.API_NAMES) or sets up a group;
+    or calls, or passes to a call, one of the submission's functions, classes or methods that does."""
+
+    def __init__(self, tree: ast.Module):
+        self.scope = _Scope()
+        self.functions: dict[str, ast.AST] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.methods: dict[str, list[ast.AST]] = {}
+        for node in _run_nodes(tree):
+            if isinstance(node, ast.stmt):
+                self.scope.bind(node)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        self.methods.setdefault(item.name, []).append(item)
+        self._done: dict[int, bool] = {}
+        self._depth = 0
+
+    def acts(self, node: ast.AST, scope: _Scope | None = None, local: dict | None = None,
+             in_function: bool = False) -> bool:
+        scope, local = scope or self.scope, local or {}
+        return any(isinstance(sub, ast.Call) and self._call_acts(sub, scope, local)
+                   for sub in _run_nodes(node, in_function))
+
+    def _call_acts(self, call: ast.Call, scope: _Scope, local: dict) -> bool:
+        func = call.func
+        if isinstance(func, ast.Lambda):
+            return self.acts(func.body, scope, local)
+        qualified = scope.qualify(func)
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        own = isinstance(func, ast.Name) and (name in local or name in self.functions or name in self.classes)
+        if qualified in API_NAMES or qualified in GROUP_SETUP:
+            return True
+        if isinstance(func, ast.Attribute) and name in GROUP_METHODS and name not in self.methods:
+            return True
+        if name and not own and is_launcher(qualified, name):
+            return True
+        if self._follows(func, scope, local):
+            return True
+        for arg in [*call.args, *(k.value for k in call.keywords)]:
+            arg = arg.value if isinstance(arg, ast.Starred) else arg
+            passed = scope.qualify(arg)
+            if passed is not None and is_launcher(passed, passed.rpartition(".")[2]):
+                return True
+            if self._follows(arg, scope, local):
+                return True
+        return False
+
+    def _follows(self, ref: ast.AST, scope: _Scope, local: dict) -> bool:
+        """Whether the submission's own code that `ref` names acts when called: a function (nested in the one
+        being followed, or the module's), a class (its __init__ ...), or any own method of that name."""
+        if isinstance(ref, ast.Name) and scope.lookup(ref.id) is None:
+            if ref.id in local:
+                return self._function_acts(local[ref.id])
+            if ref.id in self.functions:
+                return self._function_acts(self.functions[ref.id])
+            if ref.id in self.classes:
+                return any(self._function_acts(item) for item in self.classes[ref.id].body
+                           if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in INITS)
+        if isinstance(ref, ast.Attribute) and scope.qualify(ref) is None:
+            return any(self._function_acts(method) for method in self.methods.get(ref.attr, ()))
+        return False
+
+    def _function_acts(self, fn: ast.AST) -> bool:
+        if id(fn) not in self._done:
+            if self._depth > MAX_FOLLOWED:
+                return True              # too deep a chain of calls to follow: taken to act
+            self._depth += 1
+            self._done[id(fn)] = False   # a recursive call adds nothing
+            scope, local = _Scope(self.scope), {}
+            for stmt in fn.body:
+                for node in _run_nodes(stmt, in_function=True):
+                    if isinstance(node, ast.stmt):
+                        scope.bind(node)
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        local[node.name] = node
+            self._done[id(fn)] = any(self.acts(stmt, scope, local, in_function=True) for stmt in fn.body)
+            self._depth -= 1
+        return self._done[id(fn)]
+
+
+def _bound_names(stmt: ast.AST) -> set[str]:
+    """The names a statement binds where it runs (not inside its functions, lambdas or comprehensions)."""
+    names: set[str] = set()
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        if isinstance(node, DEFS) and node is not stmt:
+            names.add(node.name)
+            continue
+        if node is not stmt and isinstance(node, DEFS + (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                                                          ast.GeneratorExp)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    if isinstance(stmt, DEFS):
+        names.add(stmt.name)
     return names
 
 
@@ -474,52 +704,105 @@ def _is_main_guard(test: ast.expr) -> bool:
     return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
 
 
-def _keep(stmt: ast.stmt, own_functions: set[str]) -> ast.stmt | None:
-    """The statement as a rank should run it, or None when it is a launch or other top-level action."""
-    if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return stmt
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        value = stmt.value
-        if value is None:
+class _Definitions:
+    """Filters a module's top level (see above): `block` keeps, in order, the statements a rank runs."""
+
+    def __init__(self, tree: ast.Module):
+        self.actions = _Actions(tree)
+        self.bound: set[str] = set()     # names kept statements bind
+        self.dropped: set[str] = set()   # names only dropped statements bind
+        self.values: set[str] = set()    # names kept assignments bind (containers a FILLERS call may fill)
+
+    def block(self, body: list[ast.stmt]) -> list[ast.stmt]:
+        return [kept for kept in (self.keep(stmt) for stmt in body) if kept is not None]
+
+    def keep(self, stmt: ast.stmt) -> ast.stmt | None:
+        kept = self._keep(stmt)
+        if kept is None:
+            self.dropped |= _bound_names(stmt) - self.bound
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom) + DEFS):
+            self._bind(_bound_names(stmt))
+        return kept
+
+    def _bind(self, names) -> None:
+        self.bound |= set(names)
+        self.dropped -= set(names)
+
+    def _runs(self, *parts) -> bool:
+        """Whether these parts of a statement may run in a rank: none acts, none reads a dropped name."""
+        for part in parts:
+            if part is None:
+                continue
+            if self.actions.acts(part):
+                return False
+            if any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in self.dropped
+                   for n in _run_nodes(part)):
+                return False
+        return True
+
+    def _keep(self, stmt: ast.stmt) -> ast.stmt | None:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom) + DEFS):
             return stmt
-        called = _calls_in(value)
-        if any(name in own_functions or name in LAUNCHERS for name in called):
-            return None
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            read = ast.Name(stmt.target.id, ast.Load()) if isinstance(stmt, ast.AugAssign) and \
+                isinstance(stmt.target, ast.Name) else None
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if not self._runs(stmt.value, read, *(t for t in targets if not isinstance(t, ast.Name))):
+                return None
+            names = {name for t in targets for name in flow.target_names(t)}
+            self._bind(names)
+            self.values |= names
+            return stmt
+        if isinstance(stmt, ast.Expr):
+            call = stmt.value
+            filler = isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                and isinstance(call.func.value, ast.Name) and call.func.value.id in self.values \
+                and call.func.attr in FILLERS
+            return stmt if filler and self._runs(call) else None
+        if isinstance(stmt, ast.If):
+            if _is_main_guard(stmt.test) or not self._runs(stmt.test):
+                return None
+            return self._with_bodies(stmt, ("body", "orelse"))
+        if isinstance(stmt, ast.Try):
+            return self._with_bodies(stmt, ("body", "orelse", "finalbody"), handlers=True)
+        if isinstance(stmt, ast.With):
+            if not self._runs(*stmt.items):
+                return None
+            self._bind(name for item in stmt.items if item.optional_vars is not None
+                       for name in flow.target_names(item.optional_vars))
+            return self._with_bodies(stmt, ("body",))
+        if isinstance(stmt, ast.For):   # a `while` loop is dropped: a `break` it needs may not run
+            if not self._runs(stmt.iter):
+                return None
+            bound = set(self.bound)
+            self._bind(flow.target_names(stmt.target))
+            body = self.block(stmt.body)
+            if not body:
+                self.bound = bound   # nothing of it runs
+                return None
+            stmt.body, stmt.orelse = body, self.block(stmt.orelse)
+            return stmt
+        return None  # bare expressions (calls), asserts, raises, `del` ...
+
+    def _with_bodies(self, stmt, fields, handlers=False):
+        for name in fields:
+            block = getattr(stmt, name)
+            if block:
+                kept = self.block(block)
+                if name == "body" and not kept:
+                    kept = [ast.copy_location(ast.Pass(), block[0])]
+                setattr(stmt, name, kept)
+        if handlers:
+            for handler in stmt.handlers:
+                handler.body = self.block(handler.body) or [ast.copy_location(ast.Pass(), handler)]
         return stmt
-    if isinstance(stmt, ast.If):
-        if _is_main_guard(stmt.test):
-            return None
-        return _with_bodies(stmt, own_functions, ("body", "orelse"))
-    if isinstance(stmt, ast.Try):
-        return _with_bodies(stmt, own_functions, ("body", "orelse", "finalbody"), handlers=True)
-    if isinstance(stmt, ast.With):
-        return _with_bodies(stmt, own_functions, ("body",))
-    return None  # bare expressions (calls), loops, asserts, raises ...
-
-
-def _filter_block(body: list[ast.stmt], own_functions: set[str]) -> list[ast.stmt]:
-    return [k for k in (_keep(s, own_functions) for s in body) if k is not None]
-
-
-def _with_bodies(stmt, own_functions, fields, handlers=False):
-    for name in fields:
-        block = getattr(stmt, name)
-        if block:
-            kept = _filter_block(block, own_functions)
-            if name == "body" and not kept:
-                kept = [ast.copy_location(ast.Pass(), block[0])]
-            setattr(stmt, name, kept)
-    if handlers:
-        for handler in stmt.handlers:
-            handler.body = _filter_block(handler.body, own_functions) or [ast.copy_location(ast.Pass(), handler)]
-    return stmt
 
 
 def definitions_only(tree: ast.Module) -> ast.Module:
-    """The module keeping imports, functions, classes and constants, not launch calls. Filters `tree` in
-    place (callers pass a fresh parse: a deep copy costs a rank more than the parse itself)."""
-    own = {s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    tree.body = _filter_block(tree.body, own)
+    """The module as a rank runs it: its imports, functions, classes and values, not its launch calls (see
+    above). Filters `tree` in place (callers pass a fresh parse: a deep copy costs a rank more than the parse
+    itself)."""
+    tree.body = _Definitions(tree).block(tree.body)
     return tree
 
 

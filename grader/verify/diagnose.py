@@ -451,7 +451,7 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
     for call in record.calls:
         if call.op in quantity.through and call.op in ("all_gather", "gather") and call.receives:
             count = len(call.outputs or [])
-            if count > 1 and count != ws:
+            if count > 1 and count != (len(call.group) if call.group else ws):   # a group's size, not the world's
                 notes.append(Note("cause.gather_list_size", {"got": count, "op": op_name(call)}))
                 break
         if call.error and "invalid output tensor list" in call.error:

@@ -91,15 +91,17 @@ class Judge:
             return Outcome.WRONG, "detail.values"
         return Outcome.PASS, None
 
-    def proof(self, run: RunOutcome, quantity: Quantity, rank: int) -> Proof | None:
-        """The provenance proof of this rank's value in a perturbed run; None: nothing to prove from
-        (no usable value, or the run did not perturb what the quantity comes through)."""
-        key = (id(run), quantity.name, rank)
+    def proof(self, run: RunOutcome, quantity: Quantity, rank: int, check: int | None = None) -> Proof | None:
+        """The provenance proof of this rank's value in a perturbed run (`check`: its value where the rank's
+        own check number `check` failed); None: nothing to prove from (no usable value, or the run did not
+        perturb what the quantity comes through)."""
+        key = (id(run), quantity.name, rank, check)
         if key in self._proofs:
             return self._proofs[key]
         proof = None
         if run.stop != "grader_error" and any(run.request.perturbs(op) for op in quantity.through or OPS):
-            value, _ = self.value(run.ranks[rank], quantity.name)
+            value = self.value(run.ranks[rank], quantity.name)[0] if check is None else \
+                Value.of(run.ranks[rank].checks[check]["values"].get(quantity.name))
             if self.shape_ok(quantity, value, run.request.world_size)[0] is Outcome.PASS:
                 proof = Tracer(self.view(run), quantity, _tolerance(quantity, value)).prove(rank, value.data)
         self._proofs[key] = proof
@@ -123,20 +125,25 @@ class Judge:
     # -- whole runs
     def proven(self, run: RunOutcome) -> bool:
         """The perturbed run alone proves every provenance quantity on every rank, and no rank failed:
-        the clean run of this world size would only repeat the verdict, so the grader skips it."""
+        the clean run of this world size would only repeat the verdict, so the grader skips it.
+        Where the student's own checks failed (the perturbed data fails an assert of the expected values by
+        design; the run records it and goes on), the values as they stood at each failed check must be proven
+        too: a clean run would have stopped there, with those values, if the check failed there as well, and
+        otherwise gone on as this run did."""
         if run.stop != "completed":
             return False
         for record in run.ranks:
-            if diagnose.rank_failure(run, record) is not None:
+            if diagnose.rank_failure(run, record) is not None or record.checks_dropped:
                 return False
             for quantity in self.exercise.quantities:
                 if not quantity.provenance:
                     return False
-                proof = self.proof(run, quantity, record.rank)
-                if proof is None or not proof.ok:
-                    return False
-                if diagnose.async_without_wait(proof.calls) is not None:
-                    return False
+                for check in [None, *range(len(record.checks))]:
+                    proof = self.proof(run, quantity, record.rank, check)
+                    if proof is None or not proof.ok:
+                        return False
+                    if diagnose.async_without_wait(proof.calls) is not None:
+                        return False
         return True
 
     @staticmethod
@@ -145,9 +152,11 @@ class Judge:
         NotImplementedError, a load error, a hang or a deadlock before the first delivery). The perturbation
         is only ever in what the switch delivers, and a rank cannot tell a perturbed run from a clean one
         otherwise (its spec is the same), so the code ran as it would in the clean run: this run serves as
-        that world size's clean run. Only where every rank got as far as the student's code: a rank that failed
-        while the grader set it up gets its clean run, a second chance."""
+        that world size's clean run. Only where every rank got as far as the student's code, and none of its
+        own checks failed (a perturbed run records them and goes on, where a clean run stops): a rank that
+        failed while the grader set it up gets its clean run, a second chance."""
         return run.stop != "grader_error" and bool(run.ranks) and all(record.ready for record in run.ranks) and \
+            not any(record.checks or record.checks_dropped for record in run.ranks) and \
             not any(call.completed and call.receives for record in run.ranks for call in record.calls)
 
     @staticmethod
@@ -156,16 +165,6 @@ class Judge:
         ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
         return any(call.completed and not call.retained and (not ops or call.op in ops)
                    for run in runs.perturbed if rank < len(run.ranks) for call in run.ranks[rank].calls)
-
-    @staticmethod
-    def own_check_fired(run: RunOutcome) -> bool:
-        """A rank of this perturbed run stopped on an AssertionError raised in the submission's code: its own
-        check of a value, which the perturbed data fails (the rank's word: it only chooses the next run)."""
-        for record in run.ranks:
-            error = (record.result or {}).get("error") or {}
-            if (record.result or {}).get("how") == "raise" and error.get("type") == "AssertionError":
-                return True
-        return False
 
     def unobserved(self, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
         """Operations to perturb alone, for quantities whose clean value is right but which no perturbed
