@@ -134,7 +134,14 @@ def _defined_functions(source: str | None) -> set[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set()
-    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Call, ast.Lambda)):
+            # a function made by a factory or wrapper: `run_worker = make_worker()`, `= timed(_impl)`
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
 
 
 def infer(path: Path | None, source: str | None, extra: list[str] | None = None) -> Exercise:
