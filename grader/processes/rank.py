@@ -363,16 +363,11 @@ def _entry_codes(entry, name: str, filenames) -> set:
 
 
 def _quantities(returned, final_locals: dict, names: list[str], budget, blobs: list) -> tuple[dict, str]:
-    """Each named quantity as plain data, and where it came from ("return" or "locals")."""
-    found = values.unpack_returned(returned, names)
-    source = "return"
-    if found is None:
-        found, source = {n: final_locals.get(n) for n in names}, "locals"
-    out = {}
-    for name in names:
-        value = found.get(name)
-        out[name] = None if value is None else values.describe(value, budget, blobs)
-    return out, source
+    """Each named quantity as plain data, and where they came from: "return" when what the entry function
+    returned gave at least one of them, else "locals" (values.unpack_returned's rule)."""
+    chosen, sources = values.select(returned, final_locals, names)
+    out = {name: None if chosen[name] is None else values.describe(chosen[name], budget, blobs) for name in names}
+    return out, "return" if "return" in sources.values() else "locals"
 
 
 def _join(spec: dict, channel: Channel) -> None:

@@ -97,25 +97,122 @@ def _async_collective(obj):
     return ASYNC_TENSOR[1](obj.elem)
 
 
-def unpack_returned(returned, names: list[str]) -> dict | None:
-    """The quantities in what the entry function returned, by name (a dict), by position (a tuple or a
-    list, namedtuples and other subclasses included) or, for a single quantity, the value itself; None
-    when it returned none of these shapes. Containers are read through the builtin types' own methods,
-    never a subclass's overrides (which may raise or lie)."""
+MAX_SCANNED = 64   # items of a returned tuple or list looked through when it does not match the quantities one to one
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_DATA_PTR = torch._C.StorageBase.data_ptr
+_STORAGE = _TB.untyped_storage
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction   # a student's torch-function mode or subclass: set aside
+
+
+def _is_tensor(obj) -> bool:
+    return issubclass(type(obj), _TB)
+
+
+def _memory(obj) -> int:
+    """Where a plain tensor's data live, to tell a slice or view of a variable (0: nothing to compare: not a
+    plain tensor, meta, sparse, empty). The caller holds _NO_TORCH_FUNCTION (no dispatcher op runs)."""
+    if type(obj) not in _PLAIN:
+        return 0
+    try:
+        return int(_DATA_PTR(_STORAGE(obj)))
+    except BaseException:  # noqa: BLE001
+        return 0
+
+
+def _claimed(items: list, names: list[str], local: dict) -> dict:
+    """The quantities that returned tensors stand for because each is the entry function's variable of
+    that name, or shares its memory (a slice, a view, a .detach() of it): a tensor that is several
+    quantities' variable, or a quantity that several returned tensors are, is left to the locals."""
+    own = {n: v for n, v in local.items() if v is not None}
+    if not own:
+        return {}
+    claims: dict = {n: [] for n in own}
+    with _NO_TORCH_FUNCTION():
+        memory = {n: _memory(v) for n, v in own.items()}
+        for item in items:
+            if not _is_tensor(item):
+                continue
+            hits = [n for n, v in own.items() if item is v]
+            if not hits:
+                m = _memory(item)
+                hits = [n for n in own if m and memory[n] == m]
+            if len(hits) == 1 and not any(c is item for c in claims[hits[0]]):
+                claims[hits[0]].append(item)
+    return {n: c[0] for n, c in claims.items() if len(c) == 1}
+
+
+def _from_return(returned, names: list[str], local: dict) -> dict:
     if returned is None:
-        return None
-    kind = type(returned)
+        return {}
+    kind, k = type(returned), len(names)
     if issubclass(kind, dict):
-        found = {n: dict.__getitem__(returned, n) for n in names if dict.__contains__(returned, n)}
-        return found or None
+        found = {n: dict.get(returned, n) for n in names}
+        return {n: v for n, v in found.items() if v is not None}
     if issubclass(kind, (tuple, list)):
         base = tuple if issubclass(kind, tuple) else list
-        items = [base.__getitem__(returned, i) for i in range(base.__len__(returned))]
-        if len(items) == len(names):
-            return dict(zip(names, items))
-        if len(names) == 1:
+        size = base.__len__(returned)
+        if size == k:
+            found = {n: base.__getitem__(returned, i) for i, n in enumerate(names)}
+            return {n: v for n, v in found.items() if v is not None}
+        items = [base.__getitem__(returned, i) for i in range(size)] if size <= MAX_SCANNED else []
+    elif issubclass(kind, _TB):
+        if k == 1:
             return {names[0]: returned}
-        return None
-    if len(names) == 1 and issubclass(kind, _TB):
-        return {names[0]: returned}
-    return None
+        items = [returned]
+    else:
+        return {}
+    found = _claimed(items, names, local)
+    if k == 1 and not found:
+        tensors: list = []
+        for v in items:
+            if _is_tensor(v) and not any(t is v for t in tensors):
+                tensors.append(v)
+        if len(tensors) == 1:
+            found[names[0]] = tensors[0]
+        elif local.get(names[0]) is None:
+            found[names[0]] = returned   # nothing else to judge: the sequence itself (not a tensor)
+    return found
+
+
+def unpack_returned(returned, names: list[str], final_locals: dict | None = None) -> dict | None:
+    """The quantities taken from what the entry function returned (name -> object); each quantity absent
+    is read from the entry function's final locals (`final_locals`, its variable of that name). None when
+    none is taken. The rule, in order:
+
+    - None, or anything but a dict, a tuple, a list or a tensor: nothing.
+    - A dict: each quantity whose name is a key (its value not None).
+    - A tuple or a list (namedtuples and other subclasses included) as long as the quantities: by position,
+      in declaration order (an item that is None is not taken).
+    - A single tensor, for one quantity: that tensor.
+    - Otherwise (a tuple or a list of another length, or a single tensor for several quantities): each
+      returned tensor that is the variable of a quantity's name, or a slice or view of it (shares its
+      memory), stands for that quantity, when that pairing is one to one. For one quantity besides: the one
+      tensor among the returned items when there is exactly one; else its variable; else, when it has
+      none, what was returned (judged as it is: not a tensor). A tuple or a list longer than MAX_SCANNED
+      is not looked through (the variables, as when nothing pairs).
+
+    Containers are read through the builtin types' own methods, never a subclass's overrides (which may
+    raise or lie); generators and other objects are never iterated; a container that cannot be read (a
+    student's thread changing it meanwhile, a key whose __eq__ raises) gives nothing. Each quantity gets one
+    object at most: a rank's report is never read two ways."""
+    names = list(names)
+    local = {n: dict.get(final_locals, n) for n in names} if type(final_locals) is dict else {}
+    try:
+        found = _from_return(returned, names, local)
+    except BaseException:  # noqa: BLE001
+        found = {}
+    return found or None
+
+
+def select(returned, final_locals: dict, names: list[str]) -> tuple[dict, dict]:
+    """Each quantity's object (None: none) and where it came from ("return" or "locals"), by
+    unpack_returned's rule."""
+    found = unpack_returned(returned, names, final_locals) or {}
+    local = final_locals if type(final_locals) is dict else {}
+    chosen, sources = {}, {}
+    for name in names:
+        if name in found:
+            chosen[name], sources[name] = found[name], "return"
+        else:
+            chosen[name], sources[name] = dict.get(local, name), "locals"
+    return chosen, sources
