@@ -67,7 +67,8 @@ class _Guard:
     """Grader tensor work: no autograd, no torch-function or dispatch mode of the student's."""
 
     def __enter__(self):
-        self._stack = [_no_grad(), torch._C.DisableTorchFunction()]
+        # torch-function handling off first: no_grad's own _set_grad_enabled goes through a student's mode
+        self._stack = [torch._C.DisableTorchFunction(), _no_grad()]
         if _dispatch_modes() or _pre_dispatch_modes():   # a mode of the student's (rare): put aside meanwhile
             self._stack.append(_disable_current_modes())
         for ctx in self._stack:
