@@ -247,7 +247,7 @@ def _load_submission(spec: dict) -> types.ModuleType:
 
 # -- the student's own checks -----------------------------------------------------------------------
 # A perturbed run's data fails the student's own checks of the expected values by design (an assert of the
-# averaged gradient, torch.testing.assert_close of a shard). There they are recorded, with the entry
+# average they computed, torch.testing.assert_close of a shard). There they are recorded, with the entry
 # function's quantities as they stand at the check, and the code goes on: the supervisor proves those values
 # too (a clean run would have stopped there with them). Every other run raises as Python does.
 

@@ -207,7 +207,7 @@ MESSAGES = {
         "result goes with it. Keep it: half = grad.half(); dist.all_reduce(half); grad = half.float() / world_size."),
     "cause.sent_not_own": (
         "原因：进程在 all_reduce 中发送的不是它自己的梯度：除去传输所用数据类型的舍入误差，发送的数据里还有别的东西"
-        "（梯度可以先乘以任意比例，例如除以 world_size 或乘以 loss scale）。每个进程都必须把自己的梯度交给 all_reduce，再用它传回的结果。",
+        "（梯度可以先乘以任意比例，例如除以 world_size 或乘以损失缩放系数）。每个进程都必须把自己的梯度交给 all_reduce，再用它传回的结果。",
         "Cause: what a rank sent in all_reduce is not its own gradient: beyond the rounding of the dtype it travelled in, "
         "it holds something else (the gradient may be scaled by anything first: divided by world_size, multiplied by a "
         "loss scale). Every rank must hand its own gradient to the all_reduce, and use what the all_reduce delivers."),
