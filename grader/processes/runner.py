@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .. import wire
+from ..submission import compiled
 from ..switch import MAX_OPS, MAX_OUTPUT, Call, ProtocolError, Switch, TrafficLimit
 from . import launch
 from .launch import BASE_PREFIX
@@ -195,6 +196,7 @@ class Runner:
         early = launch.adopt(self.python)   # a zygote this process started before its imports
         self.base = early[0] if early is not None else launch.new_base()
         self._ids = 0
+        self._compiled: dict[tuple, bytes | None] = {}   # _code's, a few submissions' worth
         self._sel = None
         self._process_counts: tuple[float | None, dict] = (None, {})   # (when, {uid: processes}): _processes
         # Rank uids: a block of this process's own (no other live grader, batch workers included, holds it),
@@ -381,6 +383,7 @@ class Runner:
             store = ({"kind": "tcp", "host": "127.0.0.1", "port": random.randrange(20000, 32000)} if namespaces
                      else {"kind": "file", "path": f"{cwd}/.store"})
         mode = request.mode
+        code = self._code(request) if mode == "switch" else None
         send_fds, keep = [], []
         for r in range(request.world_size):
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -390,13 +393,14 @@ class Runner:
             chan = mine.detach()
             send_fds += [theirs.detach(), out_w]
             spec = {"t": "spec", "rank": r, "world_size": request.world_size, "source": request.source,
+                    "code": 0 if code is not None else None, "code_magic": compiled.MAGIC,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
                     "backend": request.backend, "mode": mode, "store": store, "timeout": limits.wall_s,
                     "files": dict(request.files),
                     # a perturbed run records the student's own failed checks and goes on (rank.py): its data
                     # fails them by design; every other run raises, as Python does
                     "checks": "record" if request.perturb else "raise"}
-            run.pending[chan] = wire.pack(spec)
+            run.pending[chan] = wire.pack(spec, [code] if code is not None else [])
             run.channel[r] = chan
             run.readers[chan] = wire.FrameReader()
             run.fd_role.update({chan: ("chan", r), out_r: ("output", r)})
@@ -432,6 +436,18 @@ class Runner:
             sel.register(fd, selectors.EVENT_READ | (selectors.EVENT_WRITE if fd in run.pending else 0), run)
         sel.register(run.pidfd, selectors.EVENT_READ, run)
         return run
+
+    def _code(self, request: RunRequest) -> bytes | None:
+        """The submission as its ranks execute it (compiled.py), made once per source and mode; None for a
+        zygote of another interpreter (its ranks compile for themselves) or what cannot be compiled."""
+        if self.python != sys.executable:
+            return None
+        key = (request.source, request.filename, bool(request.perturb))
+        if key not in self._compiled:
+            if len(self._compiled) >= 8:
+                self._compiled.pop(next(iter(self._compiled)))
+            self._compiled[key] = compiled.rank_bytes(request.source, request.filename, bool(request.perturb))
+        return self._compiled[key]
 
     # -- event loop -----------------------------------------------------------------------------
     def _pump(self, sel, runs: list[_Run]) -> None:
