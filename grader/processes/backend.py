@@ -151,6 +151,7 @@ class SwitchWork(Work):
 
     def get_future(self):
         self._note_wait()  # whoever holds the future waits through it
+        _start_completer()
         with self._lock:
             self._future_wanted = True
         if self.done.is_set():
@@ -209,6 +210,18 @@ _COMPLETIONS: queue.SimpleQueue = queue.SimpleQueue()
 _PENDING: dict[int, tuple[SwitchWork, list]] = {}   # seq -> (handle, the student's output tensors)
 _SEQ = [0]
 _SEQ_LOCK = threading.Lock()
+
+
+_COMPLETER_STARTED: list = []
+_COMPLETER_LOCK = threading.Lock()
+
+
+def _start_completer() -> None:
+    """The thread that completes futures, started with the first one handed out (most ranks never ask)."""
+    with _COMPLETER_LOCK:
+        if not _COMPLETER_STARTED and _LINK is not None:
+            _COMPLETER_STARTED.append(True)
+            _LINK.channel.start_thread(_completer)
 
 
 def _completer() -> None:
@@ -437,11 +450,11 @@ for _name in comm.METHODS:
 
 
 def install(link: Link | None) -> None:
-    """Register the backend (once per process) and set the rank it serves; start the threads it needs."""
+    """Register the backend (once per process) and set the rank it serves; start the channel's reader (the
+    futures' completer starts with the first future handed out)."""
     global _LINK
     _LINK = link
     if NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(NAME, GraderProcessGroup, devices=["cpu", "cuda"])
     if link is not None:
-        link.channel.start_thread(_completer)
         link.channel.start(_on_frame)
