@@ -20,6 +20,7 @@ x86_64) is answered EPERM, so the numbers below cannot be bypassed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 import struct
@@ -97,6 +98,7 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k & 0xFFFFFFFF)
 
 
+@functools.lru_cache(maxsize=None)   # made once in the zygote (it calls both), shared by every fork
 def program(deny_locks: bool = True, machine: str | None = None) -> bytes:
     """The filter as bytes of struct sock_filter. Layout:
 

@@ -65,6 +65,9 @@ torch._C._get_cpu_capability()
 from .. import wire
 from . import rank, seccomp
 
+if seccomp.supported():   # the filters each rank installs, assembled once for every fork
+    seccomp.program(True), seccomp.program(False)
+
 # Every grader module a rank uses, imported here before any fork: a rank's root holds the interpreter and
 # its libraries, not the grader's checkout, so a rank can never import grader code lazily from disk.
 # nbcheck: the exercise notebook's check cells import it, and a rank loads a notebook's imports.
