@@ -147,7 +147,7 @@ def test_total_memory_of_all_ranks_is_capped(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_memory_limit_is_configurable(tmp_path):
-    """A correct solution fits the default 2 GiB; with 600 MiB a rank cannot even start the grader's threads
+    """A correct solution fits the default 2 GiB; with 500 MiB a rank cannot even start the grader's threads
     beside torch: named as the memory limit at once (not a hang until the time limit, not the grader's
     failure), whether the zygote is a fork of the session's template or started cold (env given)."""
     ok = tmp_path / "ok.json"
@@ -155,7 +155,7 @@ def test_memory_limit_is_configurable(tmp_path):
     assert json.loads(ok.read_text())["score"] == 100
     for how, env in (("forked", None), ("cold", {})):
         tight = tmp_path / f"tight-{how}.json"
-        run_cli("grade", str(SOLUTION), "--results", str(tight), "--memory-mb", "600", "--lang", "en", env=env)
+        run_cli("grade", str(SOLUTION), "--results", str(tight), "--memory-mb", "500", "--lang", "en", env=env)
         results = json.loads(tight.read_text())
         assert results["score"] == 10, how
         visible = next(t for t in results["tests"] if t["name"] == "Gradient averaged with all_reduce (2 ranks)")
