@@ -13,6 +13,8 @@ Pure `ast`, no torch: imported by the supervisor and, before any fork, by the zy
 from __future__ import annotations
 
 import ast
+import copy
+import functools
 import importlib.util
 import marshal
 
@@ -33,10 +35,16 @@ class RecordChecks(ast.NodeTransformer):
 
 def rank_code(source: str, filename: str, record: bool):
     """The code object a rank executes for `source` (definitions only; checks recorded where `record`)."""
-    tree = static.definitions_only(ast.parse(source, filename))
+    tree = _definitions(source, filename)
     if record:
-        tree = ast.fix_missing_locations(RecordChecks().visit(tree))
+        tree = ast.fix_missing_locations(RecordChecks().visit(copy.deepcopy(tree)))
     return compile(tree, filename, "exec")
+
+
+@functools.lru_cache(maxsize=4)
+def _definitions(source: str, filename: str) -> ast.Module:
+    """static.definitions_only of the source, made once for both modes (never changed: copied to transform)."""
+    return static.definitions_only(ast.parse(source, filename))
 
 
 def rank_bytes(source: str, filename: str, record: bool) -> bytes | None:
