@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from grader.submission import static
+from grader.submission import definitions, static
 
 from conftest import ROOT
 
@@ -111,7 +111,7 @@ def test_definitions_only_keeps_definitions_and_drops_launches():
     if __name__ == "__main__":
         test_distributed()
     """)
-    kept = ast.unparse(static.definitions_only(ast.parse(src)))
+    kept = ast.unparse(definitions.definitions_only(ast.parse(src)))
     assert "N = 1024" in kept and "def run_worker" in kept and "def test_distributed" in kept
     assert "import torch.multiprocessing as mp" in kept
     lines = [line.strip() for line in kept.splitlines()]
@@ -377,7 +377,7 @@ def test_no_entry_origin_when_several_written_files_define_it_and_nothing_names_
 # -- what a rank runs of the top level (definitions_only) ----------------------------------------------
 
 def kept(src: str) -> str:
-    return ast.unparse(static.definitions_only(ast.parse(textwrap.dedent(src))))
+    return ast.unparse(definitions.definitions_only(ast.parse(textwrap.dedent(src))))
 
 
 LAUNCH_HEAD = """
@@ -484,7 +484,7 @@ TABLE = {r: r for r in range(N)}
     ("mylib.run", "run", True),                                 # another package's: by its name
 ])
 def test_launchers_by_origin_where_it_is_known(qualified, name, launches):
-    assert static.is_launcher(qualified, name) is launches
+    assert definitions.is_launcher(qualified, name) is launches
 
 
 # -- entries and operations made by the submission's own factories and wrappers ---------------------------

@@ -10,7 +10,7 @@ kernel executed instead, in the order it executed them (IPython's raw input hist
 shell lines neutralised exactly as `python -m grader grade x.ipynb` does. That is the kernel's state,
 helpers, imports and constants included, which `inspect.getsource(run_worker)` alone would miss;
 a cell that does not parse is skipped, because it never ran. Ranks load definitions only
-(static.definitions_only), so the history's launch calls and check calls do not run again.
+(definitions.definitions_only), so the history's launch calls and check calls do not run again.
 
 One grading per distinct program (a hash of the definitions the ranks execute), every check at once
 (hidden ones too), cached in the kernel: the eight autograder cells of a notebook cost one grading.
@@ -33,7 +33,7 @@ from ..submission import load
 
 from ..submission import notebook
 
-from ..submission import static
+from ..submission import definitions
 from ..feedback.messages import LANGS, default_lang, render
 from ..model import CheckResult, GradingResult, Outcome
 from ..feedback.render import check_lines, checks_of, note, status, title
@@ -95,7 +95,7 @@ def _canonical(code: str) -> str | None:
     """What a cell contributes to the ranks' module (its definitions, unparsed; imports of the course's tools
     left out, so a check or bench cell contributes nothing); None if it does not parse."""
     try:
-        tree = static.definitions_only(ast.parse(code))
+        tree = definitions.definitions_only(ast.parse(code))
         tree.body = [stmt for stmt in tree.body if not _course_tool(stmt)]
         return ast.unparse(tree)
     except (SyntaxError, ValueError, RecursionError):

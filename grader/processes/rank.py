@@ -6,7 +6,7 @@ The zygote imports this module (and torch) once; each rank is a fork of it. A ra
      network, no store another rank could reach); in a real-backend run plain gloo (or NCCL) over the run's
      TCP store, its calls timed (real.py); in a bench run, bench_rank.py;
   3. writes the submission's extra files (a notebook's %%writefile cells) into its working folder, and
-     loads the submission's definitions only (static.definitions_only), never its launch calls;
+     loads the submission's definitions only (definitions.definitions_only), never its launch calls;
   4. calls the exercise's entry function;
   5. reports the quantities the exercise names: returned, or the entry function's final locals.
 

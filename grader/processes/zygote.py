@@ -74,7 +74,8 @@ if seccomp.supported():   # the filters each rank installs, assembled once for e
 # (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
 # grader imports of the exercise's notebooks.)
 PRELOAD = ("grader.processes.rank", "grader.processes.sandbox", "grader.processes.seccomp",
-           "grader.submission.static", "grader.wire", "grader.integrations.nbcheck",
+           "grader.submission.static", "grader.submission.definitions", "grader.submission.compiled", "grader.wire",
+           "grader.integrations.nbcheck",
            "grader.integrations.bench")  # the notebooks import these two: ranks load a notebook's imports
 for _name in PRELOAD:
     importlib.import_module(_name)

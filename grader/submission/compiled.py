@@ -1,6 +1,6 @@
 """The code a rank executes for a submission, compiled once by the supervisor for every rank of a run.
 
-A rank runs the submission's definitions only (static.definitions_only: never its launch calls), and in a
+A rank runs the submission's definitions only (definitions.definitions_only: never its launch calls), and in a
 perturbed run the student's own checks are recorded instead of raised (its perturbed data fails an assert of
 the expected values by design; processes/rank.py records the values as they stand there and goes on).
 Parsing, filtering and compiling that in every rank cost each fresh fork 2-6 ms of CPU (its first use of the
@@ -18,7 +18,7 @@ import functools
 import importlib.util
 import marshal
 
-from . import static
+from . import definitions
 
 CHECK_HOOK = "__grader_check__"   # what a recorded check calls, in the module's globals (rank.py)
 MAGIC = importlib.util.MAGIC_NUMBER.hex()   # the bytecode's version: marshal's code is one interpreter's
@@ -43,8 +43,8 @@ def rank_code(source: str, filename: str, record: bool):
 
 @functools.lru_cache(maxsize=4)
 def _definitions(source: str, filename: str) -> ast.Module:
-    """static.definitions_only of the source, made once for both modes (never changed: copied to transform)."""
-    return static.definitions_only(ast.parse(source, filename))
+    """definitions.definitions_only of the source, made once for both modes (never changed: copied to transform)."""
+    return definitions.definitions_only(ast.parse(source, filename))
 
 
 def rank_bytes(source: str, filename: str, record: bool) -> bytes | None:
