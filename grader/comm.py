@@ -170,4 +170,7 @@ PRELOAD_WITH = {
     "torch.compile": ("torch._dynamo", "torch._inductor.compile_fx"),
     "torch.distributed.tensor": ("torch._dynamo",),
     "torch.utils._python_dispatch": ("torch._dynamo",),
+    # assert_close's first call imports DTensor (and sympy): ~520 modules, 0.6 s in each rank (past a run's
+    # time limit with a few dozen ranks at once)
+    "torch.testing": ("torch.distributed.tensor",),
 }

@@ -323,3 +323,15 @@ def test_small_operations_have_a_window_of_their_own_so_an_answer_between_loops_
         assert not all(c.retained for c in calls[4:])          # the budget did run out
         kept = sum(c.retain_bytes for c in calls[4:] if c.retained)
         assert kept + answer.retain_bytes <= core.RETAIN_LATEST
+
+
+def test_a_max_all_reduce_travels_unperturbed_where_a_sum_is_perturbed():
+    """A MAX (MIN, product) proves nothing and honest code branches on it (GradScaler's found_inf must stay 0
+    where nothing overflowed); a sum in the same perturbed run carries the deltas."""
+    sim = Sim(2, perturb=("all_reduce",))
+    flags = sim.all_reduce([np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.float32)], reduce="MAX")
+    assert all(f.tolist() == [0.0] for f in flags)
+    sums = sim.all_reduce([np.ones(4, dtype=np.float32), np.ones(4, dtype=np.float32)])
+    assert all((s > 2.0).all() for s in sums)   # 1 + 1 plus positive deltas
+    maxed, summed = sim.switch.calls[0]
+    assert maxed.perturbed is None and summed.perturbed is not None

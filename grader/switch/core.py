@@ -33,6 +33,7 @@ from .record import Call
 # way for a new one). An answer computed before a long benchmark loop, after a long warm-up, or between a
 # warm-up and a loop whose tensors are of the other size class, keeps its evidence; one between loops of its
 # own size class may lose it (its checks then fail, saying so: evidence lost never passes a check).
+LINEAR_REDUCES = (None, "SUM", "AVG", "PREMUL_SUM")   # what a perturbed operation may combine (None: no reduction)
 RETAIN_FIRST = 16 << 20
 RETAIN_LATEST = 32 << 20
 RETAIN_LATEST_SMALL = 8 << 20
@@ -134,7 +135,9 @@ class Switch:
         except ops.OpError as err:
             self._fail(call, str(err))
             return
-        if self.perturb_ops and call.sends and call.op in self.perturb_ops:
+        # a MAX, MIN or product is no sum of the ranks' data: no value is ever proven from it, and honest code
+        # branches on it (GradScaler's found_inf, all-reduced with MAX, must stay 0 where nothing overflowed)
+        if self.perturb_ops and call.sends and call.op in self.perturb_ops and call.reduce in LINEAR_REDUCES:
             entered = [perturb.perturbed(a, t.dtype, self.rng) if a is not None else None
                        for a, t in zip(call.sent, args.flat_in)]
             if any(e is not None for e in entered):   # what entered: perturbed where floating, else as sent

@@ -4,7 +4,9 @@ The switch draws fresh deltas for each tensor a rank sends, adds them to its own
 sent, and computes the operation on the perturbed data: what is delivered carries them, and no rank ever
 holds a delta before (or apart from) what it was delivered. Numbers a rank computes locally carry none.
 
-Every element of every floating tensor is perturbed, whatever its size (one-element tensors included):
+Every element of every floating tensor is perturbed, whatever its size (one-element tensors included), in an
+operation that moves or sums data (a MAX, MIN or product proves nothing and is left as sent: honest code
+branches on one, GradScaler's found_inf all-reduced with MAX):
 x + c (1 + |x|), c a positive multiple of 1/256 up to 1 (of 1/8 for bfloat16, whose rounding would swallow
 smaller steps; for float16 a multiple of 1/32 from 1/8 to 1/4, so that a sum an honest float16 all-reduce
 keeps in range, up to 4/5 of float16's largest 65504, stays in range perturbed): far beyond the comparison

@@ -437,9 +437,12 @@ class Judge:
         calls = [c for c in perturbed.ranks[rank].calls if c.op in quantity.through or
                  (c.op == "recv" and "send" in quantity.through)] if perturbed is not None else []
         # data that reached the rank unperturbed (another operation than the quantity's, not perturbed in
-        # this run) may be what the value was made of: then it is not certainly local
+        # this run, or floating data the switch does not perturb: a MAX) may be what the value was made of:
+        # then it is not certainly local
+        view = self.view(perturbed) if perturbed is not None else None
         unperturbed = perturbed is not None and any(
-            c.receives and c.delivered and not perturbed.request.perturbs(c.op) and c.op != "barrier"
+            c.receives and c.delivered and c.op != "barrier" and not view.perturbed(c)
+            and (not perturbed.request.perturbs(c.op) or any(perturbable(d.get("dtype", "")) for d in c.delivered))
             for c in perturbed.ranks[rank].calls if c.completed and c.ok)
         if not unperturbed and all(perturbable(d.get("dtype", "")) for c in calls if c.receives for d in c.delivered):
             return "local"
