@@ -28,7 +28,7 @@ def choose_exercise(submission: loader.Submission, name: str | None, extra: list
     """The exercise named, or the one the submission is for (registry.infer). Raises ExerciseError."""
     if name:
         return registry.get(name, extra)
-    return registry.infer(submission.path, submission.source, extra)
+    return registry.infer(submission.path, submission.source, extra, getattr(submission, "files", None))
 
 
 def grade_path(path: Path, *, runner: Runner, exercise: str | Exercise | None = None, include_hidden: bool = True,

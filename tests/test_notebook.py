@@ -303,3 +303,11 @@ def test_cli_grades_an_entry_the_notebook_imports_anywhere_or_runs(grade, name):
     assert results["score"] == 100, results
     assert "No function run_worker" not in results["output"]
     assert "worker.py: loaded" not in json.dumps(results) and "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_exercise_is_inferred_from_the_functions_a_notebooks_written_files_define(grade):
+    """The ring exercise's ring_all_reduce lives in a %%writefile'd module the notebook imports: without
+    --exercise, it is the ring that is graded (not dist_primitives, which needs only run_worker)."""
+    results, proc = grade(NB / "writefile_helpers_module.ipynb")
+    assert results["extra_data"]["exercise"] == "ring_allreduce" and results["score"] == 100, proc.stdout[-2000:]

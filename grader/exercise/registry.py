@@ -144,9 +144,11 @@ def _defined_functions(source: str | None) -> set[str]:
     return names
 
 
-def infer(path: Path | None, source: str | None, extra: list[str] | None = None) -> Exercise:
+def infer(path: Path | None, source: str | None, extra: list[str] | None = None,
+          files: dict[str, str] | None = None) -> Exercise:
     """The exercise a submission is for: the only one there is; else the one its file or folder names;
-    else the one whose functions it defines (the most specific). Raises ExerciseError when it cannot tell."""
+    else the one whose functions it defines (the most specific), in its source or in the Python files its
+    notebook cells write (`%%writefile ring_impl.py`). Raises ExerciseError when it cannot tell."""
     exercises, failed = _scan(extra)
     if not exercises:
         raise next(iter(failed.values())) if failed else ExerciseError("exercise.none")
@@ -163,7 +165,8 @@ def infer(path: Path | None, source: str | None, extra: list[str] | None = None)
         named_broken = [err for name, err in failed.items() if names((name,))]
         if not named and len(named_broken) == 1:
             raise named_broken[0]
-    defined = _defined_functions(source)
+    defined = _defined_functions(source).union(*(_defined_functions(text) for name, text in (files or {}).items()
+                                                 if name.endswith(".py")))
     matching = [ex for ex in exercises.values() if ex.defines and set(ex.defines) <= defined]
     if matching:
         most = max(len(ex.defines) for ex in matching)

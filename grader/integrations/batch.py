@@ -689,7 +689,8 @@ def class_exercise(folder: Path, students: list[Student], args):
             continue
         try:
             submission = loader.load(student.path)
-            exercise = registry.infer(submission.path, submission.source, args.exercises_dir)
+            exercise = registry.infer(submission.path, submission.source, args.exercises_dir,
+                                      getattr(submission, "files", None))
         except Exception:  # noqa: BLE001  (this entry tells nothing; its own grading will say why)
             continue
         votes[exercise.name] = votes.get(exercise.name, 0) + 1

@@ -142,7 +142,8 @@ def cmd_bench(args) -> int:
         return 2
     submission = loader.load(path)
     try:
-        exercise = registry.get(args.exercise) if args.exercise else registry.infer(submission.path, submission.source)
+        exercise = registry.get(args.exercise) if args.exercise else \
+            registry.infer(submission.path, submission.source, files=getattr(submission, "files", None))
     except registry.ExerciseError as err:
         print(render(err.key, err.params, lang), file=sys.stderr)
         return 2
