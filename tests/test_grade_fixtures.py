@@ -184,6 +184,10 @@ MISTAKES = [
     # its own check stops it at any world size but 2: the perturbed run records the check and goes on (its
     # values are right), but nothing was made where the check failed, so the clean runs decide: it raised
     ("m37_asserts_two_ranks", 40, {**ids((3, 4), "all_reduce", "exception"), **ids((3, 4), "all_gather", "exception")}, []),
+    # numpy arrays returned: what came back is named (a numpy.ndarray), not an empty shape
+    ("m38_returns_numpy_arrays", 10, {**ids((2, 3, 4), "all_reduce", "bad_type"), **ids((2, 3, 4), "all_gather", "bad_type")},
+     [("detail.rank_value_other", {"rank": 0, "quantity": "gradient", "expected_shape": "[1024]",
+                                   "expected": "[1.5 x1024]", "type": "numpy.ndarray"})]),
 ]
 # causes a mistake must not be said to have (each was once said of it, falsely)
 NOT_SAID = {

@@ -186,6 +186,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "detail.no_collective": ("  进程 {rank} 此前没有进入任何通信操作。", "  Rank {rank} had not entered any communication."),
     "detail.rank_value": ("  进程 {rank} 的 {quantity}：期望形状 {expected_shape}、数值 {expected}；实际形状 {shape}、dtype {dtype}、数值 {values}",
                           "  rank {rank} {quantity}: expected shape {expected_shape}, values {expected}; got shape {shape}, dtype {dtype}, values {values}"),
+    "detail.rank_value_other": ("  进程 {rank} 的 {quantity}：期望形状为 {expected_shape} 的 torch.Tensor、数值 {expected}；实际得到的是 {type}",
+                                "  rank {rank} {quantity}: expected a torch.Tensor of shape {expected_shape}, values {expected}; got a {type}"),
     # --- causes (value-free ones may show in hidden checks: see render.hidden_safe)
     "cause.summed_not_averaged": ("原因：{quantity} 是平均值的 world_size 倍——求和（SUM）之后还要除以 world_size。",
                                   "Cause: {quantity} is world_size times the mean: after the sum (SUM), divide by world_size."),

@@ -30,8 +30,12 @@ class Budget:
 
 
 def type_name(obj) -> str:
+    """The type's name as a student knows it: `list`, `numpy.ndarray`, `mymodule.Result`."""
     try:
-        return type(obj).__name__[:80]
+        kind = type(obj)
+        module = kind.__module__ if isinstance(kind.__module__, str) else ""
+        module = module.split(".")[0] if module.startswith("numpy") else module
+        return (kind.__qualname__ if module in ("builtins", "") else f"{module}.{kind.__qualname__}")[:80]
     except BaseException:  # noqa: BLE001
         return "?"
 

@@ -633,6 +633,10 @@ class Judge:
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
+        if value is not None and value.kind in ("sequence", "other"):   # no shape, dtype or values to show
+            return Note("detail.rank_value_other", {
+                "rank": rank, "quantity": quantity.name, "expected_shape": str(quantity.expected_shape(ws)),
+                "expected": diagnose.preview(quantity.expected_array(rank, ws)), "type": value.type or "?"})
         return Note("detail.rank_value", {
             "rank": rank, "quantity": quantity.name,
             "expected_shape": str(quantity.expected_shape(ws)), "expected": diagnose.preview(quantity.expected_array(rank, ws)),
