@@ -29,7 +29,7 @@ EXERCISE = registry.get(EX)
 _spec = importlib.util.spec_from_file_location("fp16_exercise", ROOT / "solutions" / EX / "exercise.py")
 DECL = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(DECL)
-ALLOWED = r"b?float(16|32)|1e-4|2\^-10|在 1 附近|near 1"   # dtype names and the causes' own fixed figures, no value of a run
+ALLOWED = r"b?float(16|32)|1e-4|2\^-10|65504|在 1 附近|near 1"   # dtype names and the causes' own fixed figures, no value of a run
 
 
 def every(kind: str, outcome: str, sizes=WS) -> dict:
@@ -67,6 +67,12 @@ MISTAKES = {
     # the weights all-reduced instead of the gradient: what the rank sent is named (exercise/linear.fit), not only the values
     "m13_weights_all_reduced_not_the_gradient": (10, WRONG_ALL, {"grad": [own("cause.sent_not_own")], "weights": [own("cause.sent_not_own")],
                                                                  "volume": ["cause.kind_needs_value"]}),
+    # a loss scale too large for float16: right at 2 ranks but within 1/10 of 65504 (the perturbed sum overflows),
+    # inf at 3 and 4 (test_an_overflow_is_named_as_one)
+    "m14_loss_scale_too_large": (10, {**every("grad", "not_collective", (2,)), **every("weights", "not_collective", (2,)),
+                                      **every("grad", "wrong", (3, 4)), **every("weights", "wrong", (3, 4)),
+                                      **every("volume", "wrong")},
+                                 {"grad": [], "weights": [], "volume": ["cause.kind_needs_value"]}),
     # all_gather in float16 and a local mean: another operation named, never "computed locally"
     "m09_all_gather_then_mean": (0, {"static.all_reduce": "not_called", **every("grad", "not_collective"),
                                      **every("weights", "not_collective"), **every("volume", "wrong")},
@@ -143,6 +149,19 @@ def test_mistake_scores_and_names_its_cause(mistakes, name):
         assert "cause.contribution" not in found and "cause.contribution_hidden" not in found
         assert "fail.not_collective" not in found   # "computed locally" is said only where it is certain
         assert "cause.op_missing" not in found or name == "m09_all_gather_then_mean"
+
+
+@pytest.mark.timeout(500)
+def test_an_overflow_is_named_as_one(mistakes):
+    """Where the grader's perturbed data takes a float16 sum past 65504 the report says so (not "computed in
+    another way"); where the clean sum is inf already, the cause names what the operation delivered."""
+    results = mistakes["m14_loss_scale_too_large"]
+    for kind in ("grad", "weights"):
+        assert suite.named(results, f"ws2.{kind}") >= {"fail.overflowed"}
+        assert not suite.named(results, f"ws2.{kind}") & {"fail.not_collective_derived", "why.inconsistent"}
+        for ws in (3, 4):
+            assert "cause.not_finite" in suite.named(results, f"ws{ws}.{kind}")
+    assert "65504" in suite.output_of(results, "ws2.grad")
 
 
 @pytest.mark.timeout(500)

@@ -188,6 +188,9 @@ MISTAKES = [
     ("m38_returns_numpy_arrays", 10, {**ids((2, 3, 4), "all_reduce", "bad_type"), **ids((2, 3, 4), "all_gather", "bad_type")},
      [("detail.rank_value_other", {"rank": 0, "quantity": "gradient", "expected_shape": "[1024]",
                                    "expected": "[1.5 x1024]", "type": "numpy.ndarray"})]),
+    # right variables, other (wrong) tensors returned with a third item: what is returned is judged
+    ("m39_returns_other_tensors_than_its_variables", 10,
+     {**ids((2, 3, 4), "all_reduce", "wrong"), **ids((2, 3, 4), "all_gather", "wrong")}, []),
 ]
 # causes a mistake must not be said to have (each was once said of it, falsely)
 NOT_SAID = {

@@ -201,3 +201,15 @@ def test_a_record_that_does_not_hold_together_is_refused():
         rec.calls[0].__dict__.pop("_delivered64", None)
     proofs = prove(sim, MEAN, [np.full(N, 1.5)] * 2)
     assert {p.finding.key for p in proofs} == {"inconsistent"}
+
+
+def test_a_sum_past_its_dtypes_largest_value_is_named_not_taken_for_a_mismatch():
+    """A float16 sum near 65504 overflows once perturbed: what was delivered holds inf, which no delivery
+    explains; the finding says so ("not_finite"), never "paired with another operation?" (inconsistent)."""
+    sim = Sim(2, dtype="torch.float16")
+    big = [np.full(N, 40000.0, dtype=np.float16), np.full(N, 25000.0, dtype=np.float16)]
+    delivered = sim.all_reduce(big)
+    assert not np.isfinite(delivered[0].astype(np.float64)).all()
+    with np.errstate(all="ignore"):   # as api.grade judges: the student's numbers may be inf
+        proofs = prove(sim, MEAN, [np.full(N, 32500.0)] * 2)
+    assert {p.finding.key for p in proofs} == {"not_finite"}

@@ -155,6 +155,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                                      "Rank {rank}: {quantity} has the right numbers, but the grader could not trace them to what {ops} "
                                      "delivered, made of every rank's own data (the grader secretly changed the data in flight and your "
                                      "result did not follow it)."),
+    "fail.overflowed": ("进程 {rank}：{quantity} 的数值是对的，但在评分器改动过数据的那次运行里，{ops} 的求和超出了数据类型能表示的最大值（inf），评分器因此无法确认它的来源：你的求和已经接近上限（float16 最大约 65504，超过它的 4/5 就不安全），请把损失缩放系数调小。",
+                        "Rank {rank}: {quantity} has the right numbers, but in the grader's run with changed data the sum in {ops} went past its dtype's largest value (inf), so where it came from cannot be confirmed: your sum is close to the limit (float16's largest value is 65504; past 4/5 of it is not safe). Use a smaller loss scale."),
     "fail.evidence_dropped": ("进程 {rank}：{quantity} 的数值是对的，但评分器没能保留 {ops} 传来的数据来确认它的来源：它前后的预热或计时循环用大小相近的张量反复通信，用完了评分器保存证据的预算。请减少循环的次数，或用大得多的张量（1 MB 以上）计时。",
                               "Rank {rank}: {quantity} has the right numbers, but the grader could not keep what {ops} delivered to confirm where they came from: a warm-up or timing loop around it, with tensors of about the answer's size, used up the grader's budget for evidence. Repeat the loop fewer times, or time much larger tensors (1 MB or more)."),
     "fail.unobserved": ("进程 {rank}：无法确认 {quantity} 来自 {ops} 传来的数据。请返回它，或保存在同名变量中。",
@@ -189,6 +191,8 @@ CATALOG: dict[str, tuple[str, str]] = {
     "detail.rank_value_other": ("  进程 {rank} 的 {quantity}：期望形状为 {expected_shape} 的 torch.Tensor、数值 {expected}；实际得到的是 {type}",
                                 "  rank {rank} {quantity}: expected a torch.Tensor of shape {expected_shape}, values {expected}; got a {type}"),
     # --- causes (value-free ones may show in hidden checks: see render.hidden_safe)
+    "cause.not_finite": ("原因：{op} 送来的结果里已经有 inf 或 nan：求和超出了数据类型能表示的最大值（float16 最大约 65504）。请把数据（例如损失缩放系数）调小，或用范围更大的类型通信。",
+                         "Cause: what {op} delivered already held inf or nan: the sum went past its dtype's largest value (float16's is 65504). Scale the data down (a loss scale, say), or communicate in a wider dtype."),
     "cause.summed_not_averaged": ("原因：{quantity} 是平均值的 world_size 倍——求和（SUM）之后还要除以 world_size。",
                                   "Cause: {quantity} is world_size times the mean: after the sum (SUM), divide by world_size."),
     "cause.averaged_twice": ("原因：ReduceOp.AVG 已经除以了 world_size，之后又除了一次，{quantity} 只有平均值的 1/world_size。",
@@ -413,6 +417,8 @@ CATALOG: dict[str, tuple[str, str]] = {
                     "  In element {element} of {quantity} on rank {rank}, rank {source}'s data counts {weight:g} times where it should count {expected:g} (ranks missing: {missing}; counted twice: {twice})."),
     "why.inconsistent": ("  进程 {rank} 第 {n} 个通信操作 {op}（第 {line} 行）收到的数据与各进程发送的数据对不上（与另一个操作错配了？）。",
                          "  What rank {rank} received in its operation #{n}, {op} (line {line}), does not match what the ranks sent (paired with another operation?)."),
+    "why.not_finite": ("  进程 {rank} 在 {op}（第 {line} 行）中收到的数据含有 inf 或 nan：求和超出了该数据类型能表示的最大值（float16 最大约 65504）。",
+                       "  What rank {rank} received in {op} (line {line}) holds inf or nan: the sum went past its dtype's largest value (float16's is 65504)."),
     "why.nonlinear": ("  {op} 用的是 ReduceOp.{reduce}，得到的不是各进程数据之和。", "  {op} used ReduceOp.{reduce}, which does not add the ranks' data."),
     "why.unmatched": ("  进程 {rank} 收到的数据找不到对应的发送。", "  Data rank {rank} received matches no send."),
     "why.incomplete": ("  不是所有进程都参加了 {op}。", "  Not every rank took part in {op}."),

@@ -166,6 +166,13 @@ def _from_return(returned, names: list[str], local: dict) -> dict:
     else:
         return {}
     found = _claimed(items, names, local)
+    # a quantity no returned tensor is the variable of: the tensor at its position (`return a, b, elapsed`:
+    # what the code returns is what it computed, even where its variables hold something else)
+    taken = list(found.values())
+    for i, name in enumerate(names if issubclass(kind, (tuple, list)) else ()):
+        if name not in found and i < len(items) and _is_tensor(items[i]) and not any(t is items[i] for t in taken):
+            found[name] = items[i]
+            taken.append(items[i])
     if k == 1 and not found:
         tensors: list = []
         for v in items:
@@ -190,10 +197,11 @@ def unpack_returned(returned, names: list[str], final_locals: dict | None = None
     - A single tensor, for one quantity: that tensor.
     - Otherwise (a tuple or a list of another length, or a single tensor for several quantities): each
       returned tensor that is the variable of a quantity's name, or a slice or view of it (shares its
-      memory), stands for that quantity, when that pairing is one to one. For one quantity besides: the one
-      tensor among the returned items when there is exactly one; else its variable; else, when it has
-      none, what was returned (judged as it is: not a tensor). A tuple or a list longer than MAX_SCANNED
-      is not looked through (the variables, as when nothing pairs).
+      memory), stands for that quantity, when that pairing is one to one; a quantity left over takes the
+      tensor at its position, if there is one (`return gradient, feature, elapsed`). For one quantity
+      besides: the one tensor among the returned items when there is exactly one; else its variable; else,
+      when it has none, what was returned (judged as it is: not a tensor). A tuple or a list longer than
+      MAX_SCANNED is not looked through (the variables, as when nothing pairs).
 
     Containers are read through the builtin types' own methods, never a subclass's overrides (which may
     raise or lie); generators and other objects are never iterated; a container that cannot be read (a

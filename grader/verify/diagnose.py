@@ -196,6 +196,10 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             break
     used_through = bool(calls)   # value patterns say something only if the value went through its operation
     delivered = [d for c in calls if c.completed and c.ok and c.receives for d in c.delivered_values() if d is not None]
+    if data is not None and data.size and not np.all(np.isfinite(data)) and \
+            any(d.size and not np.all(np.isfinite(d)) for d in delivered):
+        # what the operation delivered already held inf or nan: a sum past its dtype's largest value
+        notes.append(Note("cause.not_finite", {**label, "op": op_name(calls[0])}))
     same_size = data is not None and data.size == expected.size and value.floating
     # a rank that stopped early may have left a value in the making: its numbers alone say nothing of a mistake
     # (a sum not yet divided is no "sum, not averaged"); what the source shows too (a hard-coded world size, a

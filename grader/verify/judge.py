@@ -164,6 +164,17 @@ class Judge:
             not any(call.completed and call.receives for record in run.ranks for call in record.calls)
 
     @staticmethod
+    def _overflowed(runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
+        """What an operation of the quantity delivered to this rank in a perturbed run holds inf or nan."""
+        ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
+        for run in runs.perturbed:
+            for call in run.ranks[rank].calls if rank < len(run.ranks) else []:
+                if call.completed and call.ok and call.receives and (not ops or call.op in ops) and any(
+                        d is not None and d.size and not np.all(np.isfinite(d)) for d in call.delivered_values()):
+                    return True
+        return False
+
+    @staticmethod
     def _dropped(runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
         """Some operation of the quantity completed on this rank in a perturbed run without its values kept."""
         ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
@@ -292,6 +303,10 @@ class Judge:
                                                 p.ranks[record.rank], ws) for p in runs.perturbed):
                 outcome = Outcome.WRONG   # right here by luck: the mean happens to be whole
                 notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
+            elif proven is False and self._overflowed(runs, quantity, record.rank):
+                # right in the clean run, but the perturbed data took a sum past its dtype's largest value
+                outcome = Outcome.NOT_COLLECTIVE
+                notes.append(Note("fail.overflowed", {**label, "ops": _ops_text(quantity)}))
             elif proven is False and self._dropped(runs, quantity, record.rank):
                 # what its operations delivered was not kept (a benchmark loop beside it, as large as the answer's
                 # own operations, used up the grader's budget for evidence): unproven, and nothing worse is known

@@ -503,7 +503,10 @@ class Tracer:
                 return Finding("unobserved", {"rank": term.rank, "op": term.call.op})
             expected[mask] += term.weight * entered[pos]
         # What was delivered is what entered the operation, combined as the switch records it: anything
-        # else is a record that does not hold together (never expected: the switch computed both).
+        # else is a record that does not hold together (never expected: the switch computed both), except a
+        # sum past its dtype's largest value (inf, or nan from inf - inf), which no delivery can explain.
+        if delivered is not None and not np.all(np.isfinite(delivered[positions])):
+            return Finding("not_finite", {"rank": call.rank, "op": call.op, **at(call)})
         if delivered is None or not np.all(self._close(delivered[positions], expected)):
             return Finding("inconsistent", {"rank": call.rank, "op": call.op, **at(call), "n": call.seq + 1})
         for term in terms:
