@@ -43,3 +43,15 @@ def test_a_perturbed_runs_code_records_a_failed_check_with_its_line_and_goes_on(
 def test_code_the_supervisor_cannot_compile_is_left_to_the_rank():
     assert compiled.rank_bytes("def f(:\n", "s.py", record=True) is None            # a syntax error
     assert compiled.rank_bytes("def f():\n    nonlocal x\n", "s.py", record=False) is None   # parses, no compile
+
+
+@pytest.mark.timeout(30)
+def test_lambdas_nested_30_deep_are_analysed_once_each_not_twice_per_level():
+    """A called lambda's body is looked at once (it was looked at twice per level: 2^30 walks, the supervisor
+    hung before any run); the constant it computes is kept, run in the rank."""
+    nested = "1"
+    for _ in range(30):
+        nested = f"(lambda: {nested})()"
+    source = f"SCALE = {nested}\n\ndef run_worker(rank, world_size):\n    return SCALE\n"
+    scope = _run(marshal.loads(compiled.rank_bytes(source, "s.py", record=False)))
+    assert scope["run_worker"](0, 2) == 1

@@ -47,6 +47,7 @@ GROUP_SETUP = {f"{module}.{name}" for module in ("torch.distributed", "torch.dis
 # Methods that fill a container the module binds: the only bare expressions a rank runs.
 FILLERS = {"append", "extend", "insert", "update", "setdefault", "add"}
 INITS = ("__init__", "__new__", "__post_init__")   # what calling a class runs
+MAX_WORK = 200_000   # nodes one module's analysis looks at (past it, what is left is taken to act)
 MAX_FOLLOWED = 64   # nested calls into the submission's own functions followed (each takes a few Python frames)
 
 
@@ -102,17 +103,23 @@ class _Actions:
                         self.methods.setdefault(item.name, []).append(item)
         self._done: dict[int, bool] = {}
         self._depth = 0
+        self._work = 0                   # nodes looked at, within MAX_WORK
 
     def acts(self, node: ast.AST, scope: _Scope | None = None, local: dict | None = None,
              in_function: bool = False) -> bool:
         scope, local = scope or self.scope, local or {}
-        return any(isinstance(sub, ast.Call) and self._call_acts(sub, scope, local)
-                   for sub in _run_nodes(node, in_function))
+        for sub in _run_nodes(node, in_function):
+            self._work += 1
+            if self._work > MAX_WORK:
+                return True              # past the analysis's budget: taken to act (dropped, never run)
+            if isinstance(sub, ast.Call) and self._call_acts(sub, scope, local):
+                return True
+        return False
 
     def _call_acts(self, call: ast.Call, scope: _Scope, local: dict) -> bool:
         func = call.func
         if isinstance(func, ast.Lambda):
-            return self.acts(func.body, scope, local)
+            return False                 # its body runs, and _run_nodes walks it with the call's own nodes
         qualified = scope.qualify(func)
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         own = isinstance(func, ast.Name) and (name in local or name in self.functions or name in self.classes)
