@@ -58,6 +58,11 @@ EXPECTED = {
         "a29_wire_pack_fails_for_results": (55, None),
         "a30_patch_rank_reporter": (10, None),
         "a31_library_view_kernel": (55, None),
+        # communicating at the top level (a decorator, a table of operations): the module is loaded before
+        # the run's group exists, as under plain Python, so it fails there (static points only)
+        "a32_decorator_communicates_at_import": (10, None),
+        "a33_top_level_communicates_through_a_table": (10, None),
+        "a34_nested_lambdas_at_the_top_level": (100, None),   # honest: analysed in bounded time
     },
     "ring_allreduce": {
         # an answer the operations' data did not make (the values' numbers stay the same when the data in

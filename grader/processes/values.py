@@ -198,7 +198,7 @@ def unpack_returned(returned, names: list[str], final_locals: dict | None = None
     - Otherwise (a tuple or a list of another length, or a single tensor for several quantities): each
       returned tensor that is the variable of a quantity's name, or a slice or view of it (shares its
       memory), stands for that quantity, when that pairing is one to one; a quantity left over takes the
-      tensor at its position, if there is one (`return gradient, feature, elapsed`). For one quantity
+      tensor at its position, if there is one (`return answer, other, elapsed`). For one quantity
       besides: the one tensor among the returned items when there is exactly one; else its variable; else,
       when it has none, what was returned (judged as it is: not a tensor). A tuple or a list longer than
       MAX_SCANNED is not looked through (the variables, as when nothing pairs).

@@ -164,13 +164,15 @@ class Judge:
             not any(call.completed and call.receives for record in run.ranks for call in record.calls)
 
     @staticmethod
-    def _overflowed(runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
-        """What an operation of the quantity delivered to this rank in a perturbed run holds inf or nan."""
+    def _overflowed(runs: WorldSizeRuns, quantity: Quantity, rank: int, ws: int) -> bool:
+        """An operation of the quantity delivered this rank, in a perturbed run, as many elements as the value
+        holds, and some of them inf or nan (not a warm-up's larger tensor)."""
         ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
+        size = int(np.prod(quantity.expected_shape(ws)))
         for run in runs.perturbed:
             for call in run.ranks[rank].calls if rank < len(run.ranks) else []:
                 if call.completed and call.ok and call.receives and (not ops or call.op in ops) and any(
-                        d is not None and d.size and not np.all(np.isfinite(d)) for d in call.delivered_values()):
+                        d is not None and d.size == size and not np.all(np.isfinite(d)) for d in call.delivered_values()):
                     return True
         return False
 
@@ -303,7 +305,8 @@ class Judge:
                                                 p.ranks[record.rank], ws) for p in runs.perturbed):
                 outcome = Outcome.WRONG   # right here by luck: the mean happens to be whole
                 notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
-            elif proven is False and self._overflowed(runs, quantity, record.rank):
+            elif proven is False and (proof is not None and proof.finding is not None and proof.finding.key == "not_finite"
+                                      or self._overflowed(runs, quantity, record.rank, ws)):
                 # right in the clean run, but the perturbed data took a sum past its dtype's largest value
                 outcome = Outcome.NOT_COLLECTIVE
                 notes.append(Note("fail.overflowed", {**label, "ops": _ops_text(quantity)}))
