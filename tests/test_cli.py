@@ -293,3 +293,14 @@ def test_an_isend_request_dropped_hangs_on_gloo_and_is_named(tmp_path):
     assert "fail.timeout_real" in keys and "cause.isend_not_waited" in keys and "fail.timeout_outside" not in keys, keys
     text = next(t["output"] for t in results["tests"] if t["name"].startswith("Ring all-reduce: values (2"))
     assert "the last communication it called was recv (line " in text and "its isend (line 1" in text, text
+
+
+@pytest.mark.timeout(60)
+def test_a_file_python_refuses_to_compile_is_a_syntax_error_though_it_parses(tmp_path):
+    """`return` outside a function parses (ast.parse) but does not compile: Python refuses the whole file, and
+    so does the grader, with the line, whatever part of the file its ranks would have run."""
+    results = tmp_path / "r.json"
+    proc = run_cli("grade", str(FIXTURES / "bad" / "b06_return_outside_a_function.py"), "--results", str(results),
+                   "--lang", "en", "--exercise", "dist_primitives")
+    data = json.loads(results.read_text())
+    assert data["score"] == 0 and "'return' outside function" in proc.stdout and "Syntax error at line" in proc.stdout

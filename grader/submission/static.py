@@ -628,4 +628,11 @@ def parse_source(source: str, filename: str) -> tuple[ast.Module, None] | tuple[
     if depth > MAX_TREE_DEPTH:
         line = max((getattr(n, "lineno", 0) for n in ast.walk(tree)), default="?")
         return None, Problem("static.too_complex", {"line": line, "message": f"nesting depth {depth} > {MAX_TREE_DEPTH}"})
+    try:   # what parses but Python still refuses to run (`return` outside a function, `nonlocal` of nothing;
+        # a notebook cell's top-level `await` runs in Jupyter)
+        compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as err:
+        return None, Problem("static.syntax_error", {"line": err.lineno or "?", "message": err.msg or str(err)})
+    except (ValueError, RecursionError, MemoryError) as err:
+        return None, Problem("static.too_complex", {"line": "?", "message": str(err)[:200]})
     return tree, None
