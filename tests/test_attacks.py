@@ -63,6 +63,10 @@ EXPECTED = {
         "a32_decorator_communicates_at_import": (10, None),
         "a33_top_level_communicates_through_a_table": (10, None),
         "a34_nested_lambdas_at_the_top_level": (100, None),   # honest: analysed in bounded time
+        # telling a perturbed run from a clean one by the student's own checks: a handler that catches their
+        # AssertionError turns recording off; the hook cannot be rebound by an assignment
+        "a35_catches_its_own_assert_to_tell_runs_apart": (10, None),
+        "a36_rebinds_the_check_hook": (10, None),
     },
     "ring_allreduce": {
         # an answer the operations' data did not make (the values' numbers stay the same when the data in

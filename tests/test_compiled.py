@@ -55,3 +55,19 @@ def test_lambdas_nested_30_deep_are_analysed_once_each_not_twice_per_level():
     source = f"SCALE = {nested}\n\ndef run_worker(rank, world_size):\n    return SCALE\n"
     scope = _run(marshal.loads(compiled.rank_bytes(source, "s.py", record=False)))
     assert scope["run_worker"](0, 2) == 1
+
+
+@pytest.mark.parametrize("handler, records", [
+    ("try:\n        assert x\n    finally:\n        pass", True),
+    ("try:\n        assert x\n    except ValueError:\n        pass", True),
+    ("try:\n        assert x\n    except AssertionError:\n        pass", False),
+    ("try:\n        assert x\n    except (KeyError, Exception):\n        pass", False),
+    ("try:\n        assert x\n    except:\n        pass", False),
+    ("try:\n        assert x\n    except ERRORS:\n        pass", False),   # an expression: it may name any
+    ("with contextlib.suppress(AssertionError):\n        assert x", False),
+])
+def test_checks_are_recorded_only_where_no_handler_of_the_students_can_catch_them(handler, records):
+    """Recording a failed check instead of raising it changes nothing where nothing could have caught it;
+    where a handler could (the code would go on differently after it), the checks raise as in a clean run."""
+    source = f"import contextlib\n\ndef run_worker(rank, world_size):\n    x = rank\n    {handler}\n"
+    assert compiled.recorded(source, "s.py") is records

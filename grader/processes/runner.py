@@ -383,7 +383,8 @@ class Runner:
             store = ({"kind": "tcp", "host": "127.0.0.1", "port": random.randrange(20000, 32000)} if namespaces
                      else {"kind": "file", "path": f"{cwd}/.store"})
         mode = request.mode
-        code = self._code(request) if mode == "switch" else None
+        record = bool(request.perturb) and compiled.recorded(request.source, request.filename)
+        code = self._code(request, record) if mode == "switch" else None
         send_fds, keep = [], []
         for r in range(request.world_size):
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -399,7 +400,7 @@ class Runner:
                     "files": dict(request.files),
                     # a perturbed run records the student's own failed checks and goes on (rank.py): its data
                     # fails them by design; every other run raises, as Python does
-                    "checks": "record" if request.perturb else "raise"}
+                    "checks": "record" if record else "raise"}
             run.pending[chan] = wire.pack(spec, [code] if code is not None else [])
             run.channel[r] = chan
             run.readers[chan] = wire.FrameReader()
@@ -437,16 +438,17 @@ class Runner:
         sel.register(run.pidfd, selectors.EVENT_READ, run)
         return run
 
-    def _code(self, request: RunRequest) -> bytes | None:
-        """The submission as its ranks execute it (compiled.py), made once per source and mode; None for a
-        zygote of another interpreter (its ranks compile for themselves) or what cannot be compiled."""
+    def _code(self, request: RunRequest, record: bool) -> bytes | None:
+        """The submission as its ranks execute it (compiled.py), made once per source and mode (`record`: its
+        failed checks recorded); None for a zygote of another interpreter (its ranks compile for themselves)
+        or what cannot be compiled."""
         if self.python != sys.executable:
             return None
-        key = (request.source, request.filename, bool(request.perturb))
+        key = (request.source, request.filename, record)
         if key not in self._compiled:
             if len(self._compiled) >= 8:
                 self._compiled.pop(next(iter(self._compiled)))
-            self._compiled[key] = compiled.rank_bytes(request.source, request.filename, bool(request.perturb))
+            self._compiled[key] = compiled.rank_bytes(request.source, request.filename, record)
         return self._compiled[key]
 
     # -- event loop -----------------------------------------------------------------------------

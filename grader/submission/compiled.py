@@ -13,6 +13,7 @@ Pure `ast`, no torch: imported by the supervisor and, before any fork, by the zy
 from __future__ import annotations
 
 import ast
+import builtins
 import copy
 import functools
 import importlib.util
@@ -20,7 +21,9 @@ import marshal
 
 from . import definitions
 
-CHECK_HOOK = "__grader_check__"   # what a recorded check calls, in the module's globals (rank.py)
+# What a recorded check calls, in the module's globals (rank.py): a name no source can spell (it is no
+# identifier), so no assignment of the submission's rebinds it; rank.py puts it back after the top level ran.
+CHECK_HOOK = "grader check"
 MAGIC = importlib.util.MAGIC_NUMBER.hex()   # the bytecode's version: marshal's code is one interpreter's
 
 
@@ -31,6 +34,40 @@ class RecordChecks(ast.NodeTransformer):
         call = ast.Call(ast.Name(CHECK_HOOK, ast.Load()), [ast.Constant(node.lineno), node.msg or ast.Constant(None)], [])
         made = ast.If(ast.UnaryOp(ast.Not(), node.test), [ast.Expr(call)], [])
         return ast.fix_missing_locations(ast.copy_location(made, node))
+
+
+CATCH_ALL = {"AssertionError", "Exception", "BaseException"}
+# Python's own exception classes that an AssertionError is not (KeyError, ValueError ...)
+NARROW = {name for name, obj in vars(builtins).items()
+          if isinstance(obj, type) and issubclass(obj, BaseException) and not issubclass(AssertionError, obj)}
+
+
+def recorded(source: str, filename: str) -> bool:
+    """Whether a perturbed run records this submission's failed checks: not where a handler of its own could
+    catch the AssertionError a check raises (`except AssertionError`, `except Exception`, a bare `except`,
+    `contextlib.suppress(...)`), since recording instead of raising would then change what the code does
+    afterwards (its perturbed run would not be the clean run's twin). Its checks then raise, as before."""
+    try:
+        tree = _definitions(source, filename)
+    except Exception:  # noqa: BLE001  (what cannot be parsed records nothing; the rank says why)
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ExceptHandler) and _catches_assertions(node.type):
+            return False
+        if isinstance(node, ast.Call) and "suppress" in ast.unparse(node.func):
+            return False
+    return True
+
+
+def _catches_assertions(kind: ast.expr | None) -> bool:
+    if kind is None:
+        return True   # a bare except
+    if isinstance(kind, ast.Tuple):
+        return any(_catches_assertions(k) for k in kind.elts)
+    if isinstance(kind, (ast.Name, ast.Attribute)):
+        name = kind.id if isinstance(kind, ast.Name) else kind.attr
+        return name in CATCH_ALL or name not in NARROW   # another name may stand for any of them
+    return True       # an expression: it may name any of them
 
 
 def rank_code(source: str, filename: str, record: bool):
