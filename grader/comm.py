@@ -173,4 +173,7 @@ PRELOAD_WITH = {
     # assert_close's first call imports DTensor (and sympy): ~520 modules, 0.6 s in each rank (past a run's
     # time limit with a few dozen ranks at once)
     "torch.testing": ("torch.distributed.tensor",),
+    # pyplot's first import in a rank finds no font cache (a fresh /tmp) and no fontconfig: seconds a rank
+    "matplotlib": ("matplotlib.pyplot",),
 }
+PRELOAD_OTHER = ("matplotlib",)   # packages besides torch whose modules the zygote imports for a submission

@@ -311,3 +311,12 @@ def test_the_exercise_is_inferred_from_the_functions_a_notebooks_written_files_d
     --exercise, it is the ring that is graded (not dist_primitives, which needs only run_worker)."""
     results, proc = grade(NB / "writefile_helpers_module.ipynb")
     assert results["extra_data"]["exercise"] == "ring_allreduce" and results["score"] == 100, proc.stdout[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_notebook_that_plots_loads_pyplot_in_the_zygote_not_in_every_rank(grade):
+    """`import matplotlib.pyplot` in a cell: the zygote imports it once (a rank's own first import finds no font
+    cache and no fontconfig in its sandbox: seconds, and a "Fontconfig error" on its output)."""
+    results, proc = grade(NB / "writefile_reload_and_a_plot.ipynb", "--exercise", "hierarchical_allreduce")
+    assert results["score"] == 100, proc.stdout[-2000:]
+    assert "Fontconfig" not in json.dumps(results)

@@ -63,6 +63,7 @@ import torch.distributed  # noqa: F401
 torch._C._get_cpu_capability()
 
 from .. import wire
+from ..comm import PRELOAD_OTHER
 from . import rank, seccomp
 
 if seccomp.supported():   # the filters each rank installs, assembled once for every fork
@@ -376,11 +377,12 @@ def _huge_pages() -> None:
 
 
 def _preload(modules) -> None:
-    """Import torch modules a submission names (functional collectives import ~800 modules on first use)
-    here, once, before forking its ranks: a cost of the grader must not count against a run's time."""
+    """Import torch modules a submission names (functional collectives import ~800 modules on first use), and
+    matplotlib's pyplot (comm.PRELOAD_OTHER), here, once, before forking its ranks: a cost of the grader must
+    not count against a run's time."""
     import importlib
     for name in modules:
-        if isinstance(name, str) and (name == "torch" or name.startswith("torch.")) and name not in sys.modules:
+        if isinstance(name, str) and name.split(".")[0] in ("torch", *PRELOAD_OTHER) and name not in sys.modules:
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001  (not a module: the rank will say what the student wrote)

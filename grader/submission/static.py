@@ -22,7 +22,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..comm import API_NAMES, PRELOAD_WITH
+from ..comm import API_NAMES, PRELOAD_OTHER, PRELOAD_WITH
 from . import flow
 
 ENTRY = "run_worker"
@@ -495,14 +495,15 @@ def _checks_itself(node: ast.AST) -> bool:
 
 def _torch_modules(tree: ast.Module) -> list[str]:
     """torch modules the submission imports or names (`torch.distributed._functional_collectives`,
-    `dist.nn.functional`): the zygote imports them before forking the ranks."""
+    `dist.nn.functional`), and matplotlib's (comm.PRELOAD_OTHER): the zygote imports them before forking the
+    ranks."""
     found: set[str] = set()
     aliases = _Scope()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             aliases.bind(node)
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            found.update(n for n in names if n.startswith("torch."))
+            found.update(n for n in names if n.startswith("torch.") or n.split(".")[0] in PRELOAD_OTHER)
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
                 found.update(f"{node.module}.{a.name}" for a in node.names)
     for node in ast.walk(tree):
