@@ -318,10 +318,12 @@ def _load_written(path: str, name: str, spec: dict) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__file__ = path
     sys.modules[name] = module
-    record = spec.get("checks") == "record"
+    record = spec.get("checks") == "record" and compiled.recorded(source, path)   # this file's own handlers
     if record:
         _record_checks(module)
     exec(compiled.rank_code(source, path, record), module.__dict__)
+    if record:
+        module.__dict__[compiled.CHECK_HOOK] = _check_failed   # whatever its top level did to it
     return module
 
 
