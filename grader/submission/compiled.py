@@ -42,6 +42,7 @@ NARROW = {name for name, obj in vars(builtins).items()
           if isinstance(obj, type) and issubclass(obj, BaseException) and not issubclass(AssertionError, obj)}
 
 
+@functools.lru_cache(maxsize=8)   # asked at each run's launch
 def recorded(source: str, filename: str) -> bool:
     """Whether a perturbed run records this submission's failed checks: not where a handler of its own could
     catch the AssertionError a check raises (`except AssertionError`, `except Exception`, a bare `except`,

@@ -164,24 +164,23 @@ class Judge:
             not any(call.completed and call.receives for record in run.ranks for call in record.calls)
 
     @staticmethod
-    def _overflowed(runs: WorldSizeRuns, quantity: Quantity, rank: int, ws: int) -> bool:
+    def _own_calls(runs: WorldSizeRuns, quantity: Quantity, rank: int):
+        """This rank's completed calls of the quantity's operations in the perturbed runs."""
+        ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
+        return (call for run in runs.perturbed if rank < len(run.ranks) for call in run.ranks[rank].calls
+                if call.completed and (not ops or call.op in ops))
+
+    def _overflowed(self, runs: WorldSizeRuns, quantity: Quantity, rank: int, ws: int) -> bool:
         """An operation of the quantity delivered this rank, in a perturbed run, as many elements as the value
         holds, and some of them inf or nan (not a warm-up's larger tensor)."""
-        ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
         size = int(np.prod(quantity.expected_shape(ws)))
-        for run in runs.perturbed:
-            for call in run.ranks[rank].calls if rank < len(run.ranks) else []:
-                if call.completed and call.ok and call.receives and (not ops or call.op in ops) and any(
-                        d is not None and d.size == size and not np.all(np.isfinite(d)) for d in call.delivered_values()):
-                    return True
-        return False
+        return any(call.ok and call.receives and any(d is not None and d.size == size and not np.all(np.isfinite(d))
+                                                     for d in call.delivered_values())
+                   for call in self._own_calls(runs, quantity, rank))
 
-    @staticmethod
-    def _dropped(runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
+    def _dropped(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> bool:
         """Some operation of the quantity completed on this rank in a perturbed run without its values kept."""
-        ops = set(quantity.through) | ({"recv"} if "send" in quantity.through else set())
-        return any(call.completed and not call.retained and (not ops or call.op in ops)
-                   for run in runs.perturbed if rank < len(run.ranks) for call in run.ranks[rank].calls)
+        return any(not call.retained for call in self._own_calls(runs, quantity, rank))
 
     def unobserved(self, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
         """Operations to perturb alone, for quantities whose clean value is right but which no perturbed
