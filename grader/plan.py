@@ -23,7 +23,8 @@ where enough GPUs are visible), for what the chapter teaches: its output and its
 It is needed only where the switch run of the visible world size ran without a failure and some check of
 it passes (a failure or a different answer there costs that world size's points, Judge.real_backend). `grade` and `check` start it in
 round 1 and cancel it as soon as the visible perturbed run shows it will not be needed; a batch starts it
-only once it is. One that runs out of time is run once more, with twice the time, before it costs anything.
+only once it is: as soon as that perturbed run proves its values and passes a check (beside the other world
+sizes' runs), else after the last round. One that runs out of time is run once more, with twice the time, before it costs anything.
 """
 from __future__ import annotations
 
@@ -88,11 +89,17 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     runs = {ws: WorldSizeRuns(ws) for ws in world_sizes}
 
     def watch(index: int, outcome):
-        """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed."""
+        """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed; where
+        there is none, start the real-backend run as soon as that run alone shows it is (beside the other
+        world sizes' runs, not after them)."""
         req = outcome.request
-        if speculative and req.perturb and req.world_size == real_at and not judge.proven(outcome) \
-                and (not self_checks or outcome.stop in ("deadlock", "timeout")):
-            return [len(first) - 1]
+        if req.perturb and req.world_size == real_at and not req.real:
+            if speculative and not judge.proven(outcome) and (not self_checks or outcome.stop in ("deadlock", "timeout")):
+                return [len(first) - 1]
+            if not speculative and judge.proven(outcome):
+                decided = WorldSizeRuns(real_at, perturbed=[outcome])
+                if judge.ran_cleanly(decided) and judge.passes_any(exercise, decided):
+                    return [request(real_at, (), "real", "real")]
         return ()
 
     for outcome in runner.run_many(first, watch=watch, parallel=parallel):

@@ -298,3 +298,81 @@ def test_the_zygote_asks_glibc_for_huge_pages_without_overriding_a_tunable_it_wa
     assert _huge_heap(None) == _huge_heap("") == HUGE_HEAP_TUNABLE == "glibc.malloc.hugetlb=1"
     assert _huge_heap("glibc.malloc.arena_max=2") == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     assert _huge_heap("glibc.malloc.hugetlb=0") == "glibc.malloc.hugetlb=0"   # a TA's own choice stands
+
+
+# -- pods: a graded run's pid 1, kept for the next run (zygote.Pods) ---------------------------------
+
+DAEMON = """
+import os, time, torch, torch.distributed as dist
+def run_worker(rank, world_size):
+    if os.fork() == 0:            # a double-forked daemon in a session of its own, left running
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(60)
+        os._exit(0)
+    fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    print("fds", len(fds) - 1)    # less the one listdir holds
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    return t, None
+"""
+
+STUCK = """
+import time, torch, torch.distributed as dist
+def run_worker(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank 1 gives up")
+    time.sleep(60)
+    return None, None
+"""
+
+
+def _run_uids_alive(runner) -> int:
+    from grader.processes.sandbox import processes_by_uid, uid_range
+    low, high = uid_range(runner.uid_block)
+    return sum(count for uid, count in processes_by_uid().items() if low <= uid < high)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pods and uids per run need root")
+@pytest.mark.timeout(90)
+def test_nothing_of_a_run_outlives_it_and_a_later_rank_holds_only_its_own_socket(runner):
+    """Run after run (the later ones in a pod an earlier run left): every rank holds stdin, stdout, stderr and
+    its socket to the supervisor, nothing of another rank or run; when run_many returns, no process of the
+    run is left, a daemon that double-forked out of its session included."""
+    for _ in range(3):
+        [out] = runner.run_many([RunRequest(world_size=2, source=DAEMON, filename="d.py", quantities=("t", "u"))])
+        assert out.stop == "completed", (out.stop, out.error)
+        assert [rec.output_text().strip() for rec in out.ranks] == ["fds 4", "fds 4"]
+        assert _run_uids_alive(runner) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="pods and uids per run need root")
+@pytest.mark.timeout(90)
+def test_a_run_stopped_midway_leaves_nothing_and_the_next_runs_go_on(runner):
+    """A run the supervisor stops (rank 1 failed, rank 0 still sleeping) ends with every process killed; the
+    runs after it, in the same pods, are unaffected."""
+    outs = runner.run_many([RunRequest(world_size=2, source=STUCK, filename="s.py", quantities=("t", "u")),
+                            RunRequest(world_size=3, source=ECHO, filename="echo.py", quantities=("t", "u"))])
+    assert outs[0].stop == "failfast" and outs[1].stop == "completed"
+    assert _run_uids_alive(runner) == 0
+    [again] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))])
+    assert again.stop == "completed"
+    assert [values(rec.result["values"]["t"]).tolist() for rec in again.ranks] == [[3.0] * 4] * 2
+
+
+@pytest.mark.timeout(60)
+def test_a_watch_can_start_a_run_as_another_ends(runner):
+    """run_many's watch may answer with requests to start: their outcomes follow the given ones, in order (a
+    batch starts the real-backend run this way as soon as the visible perturbed run shows it is needed)."""
+    asked = []
+
+    def watch(index, outcome):
+        if index == 0:
+            asked.append(RunRequest(world_size=3, source=ECHO, filename="echo.py", quantities=("t", "u")))
+            return asked
+        return ()
+
+    outs = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))], watch=watch)
+    assert [out.request.world_size for out in outs] == [2, 3] and outs[1].request is asked[0]
+    assert [out.stop for out in outs] == ["completed", "completed"]
+    assert values(outs[1].ranks[2].result["values"]["t"]).tolist() == [6.0] * 4

@@ -159,7 +159,9 @@ class _Run:
         self.fd_role: dict[int, tuple[str, int]] = {}
         self.channel: dict[int, int] = {}               # rank -> its socket
         self.pending: dict[int, list] = {}              # socket -> buffers still to write
-        self.pidfd: int | None = None
+        self.pidfd: int | None = None   # its leader's pidfd; a pod's run: its socket to the pod (zygote.Pods)
+        self.pod = False
+        self.zid = 0                     # the zygote's id of the run
         self.started = time.monotonic()
         self.last_progress = self.started
         self.failfast_at: float | None = None
@@ -303,27 +305,36 @@ class Runner:
     def run_many(self, requests: list[RunRequest], watch=None, parallel: int | None = None) -> list[RunOutcome]:
         """Run every request (up to max_parallel at once, or `parallel`) and return their outcomes, in order.
         `watch(index, outcome)`, called as each run ends, may return indices of runs to cancel (stopped,
-        or never started: their outcome says "cancelled")."""
+        or never started: their outcome says "cancelled") and requests to start too (their outcomes follow
+        those of `requests`, in the order they were asked for)."""
         self._ready()
+        requests = list(requests)
         queue = list(enumerate(requests))
         results: dict[int, RunOutcome] = {}
         active: dict[int, tuple[int, _Run]] = {}
         free_slots = list(range(min(self.max_parallel, parallel or self.max_parallel)))
         sel = self._sel = selectors.DefaultSelector()
 
-        def cancel(indices) -> None:
-            for i in indices or ():
-                if i in results:
-                    continue
-                waiting = next((item for item in queue if item[0] == i), None)
-                if waiting is not None:
-                    queue.remove(waiting)
-                    results[i] = RunOutcome(requests[i], [RankRecord(r) for r in range(requests[i].world_size)],
-                                            stop="cancelled")
-                for index, run in active.values():
-                    if index == i:
-                        run.set_stop("cancelled")
-                        self._stop(run)
+        def react(answer) -> None:
+            for item in answer or ():
+                if isinstance(item, RunRequest):
+                    requests.append(item)
+                    queue.append((len(requests) - 1, item))
+                else:
+                    cancel(item)
+
+        def cancel(i: int) -> None:
+            if i in results:
+                return
+            waiting = next((item for item in queue if item[0] == i), None)
+            if waiting is not None:
+                queue.remove(waiting)
+                results[i] = RunOutcome(requests[i], [RankRecord(r) for r in range(requests[i].world_size)],
+                                        stop="cancelled")
+            for index, run in active.values():
+                if index == i:
+                    run.set_stop("cancelled")
+                    self._stop(run)
         try:
             while queue or active:
                 while queue and free_slots:
@@ -346,7 +357,7 @@ class Runner:
                         free_slots.append(run.slot)
                         del active[key]
                         if watch is not None:
-                            cancel(watch(index, run.outcome))
+                            react(watch(index, run.outcome))
         finally:
             for _, run in active.values():
                 self._kill(run, signal.SIGKILL)
@@ -430,7 +441,13 @@ class Runner:
             raise GraderError(f"could not start a run: {err}") from err
         for fd in send_fds:
             os.close(fd)
-        run.pidfd = fds[0]
+        run.pidfd, run.zid = fds[0], self._ids
+        for fd in fds[1:]:
+            os.close(fd)
+        try:
+            run.pod = json.loads(data).get("pod") is True
+        except (ValueError, AttributeError):
+            pass
         run.started = run.last_progress = time.monotonic()
         run.oom_before = self.cgroup.oom_kills() if self.cgroup is not None else 0
         for fd, (role, _) in run.fd_role.items():
@@ -741,11 +758,21 @@ class Runner:
     def _kill(self, run: _Run, sig: int) -> None:
         if sig == signal.SIGKILL:
             run.killed = True
-        if run.pidfd is not None and not run.leader_gone:
+        if run.pidfd is None or run.leader_gone:
+            return
+        if run.pod:   # the pod serves other runs after this one (zygote.Pods): stop this run, not the pod
             try:
-                signal.pidfd_send_signal(run.pidfd, sig)
-            except ProcessLookupError:
+                if sig == signal.SIGKILL:
+                    self.conn.send(json.dumps({"t": "kill", "id": run.zid}).encode())
+                else:
+                    os.write(run.pidfd, b"s")
+            except OSError:   # the pod is gone already, or the zygote: the run is over either way
                 pass
+            return
+        try:
+            signal.pidfd_send_signal(run.pidfd, sig)
+        except ProcessLookupError:
+            pass
 
     def _drain(self, run: _Run) -> None:
         """After the leader is gone: read what the sockets and pipes still hold (bounded), without waiting."""

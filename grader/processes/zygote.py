@@ -13,7 +13,10 @@ forks of the run's pid 1, in the sandbox (see sandbox.py for the tree).
 Protocol: the supervisor sends one JSON request per run with the run's pipe ends attached (SCM_RIGHTS);
 the zygote forks the run's first process (its pid 1, or the leader above it, see sandbox.py) and answers
 {"id", "pid"} with a pidfd of it attached, which the supervisor uses to stop the run without any race on
-process ids. The runner calls that process the run's leader either way.
+process ids. The runner calls that process the run's leader either way. A graded run as root goes to a pod
+(Pods: a pid 1 kept from one run to the next) and the answer says {"pod": true}, with a socket to the pod
+attached instead: its end of the run, and the way to stop it. {"t": "kill", "id"} (no answer) ends the pod
+of run `id` if it still serves that run.
 """
 from __future__ import annotations
 
@@ -153,17 +156,7 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int]], status_fd: int) ->
             os.write(status_fd, (json.dumps({"t": "leader_error", "error": f"new root: {err}"}) + "\n").encode())
             os._exit(71)
     listening = _store_socket(req)
-    pids = {}
-    for r, (chan_fd, out_fd) in enumerate(rank_fds):
-        pid = os.fork()
-        if pid == 0:
-            if listening is not None:  # the store's socket is pid 1's alone
-                listening.close()
-            _rank_process(req, r, chan_fd, out_fd, status_fd, rank_fds)
-        pids[pid] = r
-    for fds in rank_fds:
-        for fd in fds:
-            os.close(fd)
+    pids = _fork_ranks(req, rank_fds, status_fd, [] if listening is None else [listening])  # the store's: pid 1's
     store = _host_store(req, listening)  # after the last fork: its server thread must never be copied into a child
     remaining = set(pids)
     while remaining:
@@ -173,14 +166,35 @@ def _init_process(req: dict, rank_fds: list[tuple[int, int]], status_fd: int) ->
             break
         if pid in remaining:
             remaining.discard(pid)
-            report = {"t": "exit", "rank": pids[pid]}
-            if os.WIFSIGNALED(status):
-                report["signal"] = os.WTERMSIG(status)
-            else:
-                report["code"] = os.WEXITSTATUS(status)
-            os.write(status_fd, (json.dumps(report) + "\n").encode())
+            _report_exit(status_fd, pids[pid], status)
     del store, listening    # held until every rank has ended
     os._exit(0)  # as pid 1, this takes every leftover process of the run with it
+
+
+def _fork_ranks(req: dict, rank_fds: list[tuple[int, int]], status_fd: int, private: list) -> dict[int, int]:
+    """Fork the run's ranks ({pid: rank}) and close their descriptors here. `private`: pid 1's own sockets
+    and descriptors, closed in every rank."""
+    pids = {}
+    for r, (chan_fd, out_fd) in enumerate(rank_fds):
+        pid = os.fork()
+        if pid == 0:
+            for item in private:
+                item.close() if isinstance(item, socket.socket) else os.close(item)
+            _rank_process(req, r, chan_fd, out_fd, status_fd, rank_fds)
+        pids[pid] = r
+    for fds in rank_fds:
+        for fd in fds:
+            os.close(fd)
+    return pids
+
+
+def _report_exit(status_fd: int, r: int, status: int) -> None:
+    report = {"t": "exit", "rank": r}
+    if os.WIFSIGNALED(status):
+        report["signal"] = os.WTERMSIG(status)
+    else:
+        report["code"] = os.WEXITSTATUS(status)
+    os.write(status_fd, (json.dumps(report) + "\n").encode())
 
 
 def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
@@ -198,6 +212,9 @@ def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
                     os.close(fd)
         for fd in (devnull, status_fd):   # the run's status pipe is pid 1's: no rank ever holds it
             os.close(fd)
+        # Nothing else either: whatever pid 1 holds besides (its own sockets) stays with it.
+        os.closerange(3, chan_fd)
+        os.closerange(chan_fd + 1, os.sysconf("SC_OPEN_MAX"))
         limits = sandbox.Limits(**req["limits"])
         if req["namespaces"] and req["mode"] == "switch":   # no shared network, /tmp, IPC or /proc with another rank
             sandbox.isolate_rank(limits.tmp_mb, _CODE)
@@ -215,9 +232,8 @@ def _rank_process(req, r, chan_fd, out_fd, status_fd, all_fds) -> None:
         elif req.get("no_new_privs"):
             seccomp.set_no_new_privs()
         os.chdir(req["cwd"])
-        kept = {k: v for k, v in os.environ.items() if k in KEEP_ENV or k.startswith(KEEP_PREFIXES)}
-        os.environ.clear()
-        os.environ.update(kept)
+        for name in [name for name in os.environ if name not in KEEP_ENV and not name.startswith(KEEP_PREFIXES)]:
+            del os.environ[name]
         os.environ.update({"HOME": req["cwd"], "TMPDIR": req["cwd"], "GLOO_SOCKET_IFNAME": "lo",
                            "NCCL_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"})
         sys.stdout.reconfigure(line_buffering=True)
@@ -232,8 +248,10 @@ def _leader(req: dict, fds: list[int], conn_fd: int, init: bool = False) -> None
     `init`: this process is pid 1 of the run's pid namespace already (PidNamespaces): it enters the other
     namespaces and is the run's pid 1 itself, one process fewer per run."""
     try:
+        sandbox.small_pages()   # pid 1 and every rank
         os.close(conn_fd)
         PidNamespaces.close_in_child()
+        Pods.close_in_child()
         os.setsid()
         status_fd = fds[-1]
         rank_fds = [tuple(fds[2 * r: 2 * r + 2]) for r in range(req["world_size"])]
@@ -343,6 +361,254 @@ class PidNamespaces:
             cls.fd = None
 
 
+class _Pod:
+    def __init__(self, pid: int, ctrl: socket.socket, key: tuple):
+        self.pid, self.ctrl, self.key = pid, ctrl, key
+        self.run: int | None = None   # the id of the run it serves; None: idle
+
+
+class Pods:
+    """Pid 1s kept from one graded run to the next. A run's pid 1 costs ~9 ms of CPU (a fork of the zygote,
+    its namespaces, its root, its exit): a fifth of a 2-rank run. A pod is such a pid 1 (PidNamespaces) that,
+    once its run is over, kills what is left of it (kill(-1): every process of its pid namespace), reaps it,
+    and waits for the zygote's next run, in the same pid namespace and root. Nothing of a run outlives it:
+    every rank of a graded run makes a network, mount (its own /tmp) and IPC namespace of its own, a
+    real-backend run gets a network namespace of its own from the pod (its ranks share it, and a child of the
+    pod hosts its store), every rank has a uid never used before, and the root is read-only. Where pods do
+    not apply (no root: a user namespace; CUDA), each run has a pid 1 of its own, as before.
+
+    The supervisor (runner.py) gets a socket instead of a pidfd: the pod closes its end once the run's last
+    process is reaped (the run's end, as a pid 1's exit is), and a byte written to it stops the run (SIGTERM
+    to a pid 1). SIGKILL, which would end the pod, goes through the zygote ({"t": "kill", "id"}), which
+    kills the pod only while it still serves that run: a signal can never reach the run that came after."""
+    live: dict[int, _Pod] = {}   # pid -> pod; each is in _LEADERS too
+    generation = 0               # pods of an older one are not reused (the zygote imported more, or collapsed)
+    made = 0
+
+    @classmethod
+    def key(cls, req: dict) -> tuple | None:
+        if req.get("mode") not in ("switch", "real") or req.get("cuda") or not PidNamespaces.applies(req):
+            return None
+        return (req.get("cgroup"), req["limits"].get("tmp_mb"), cls.generation)
+
+    @classmethod
+    def start(cls, req: dict, fds: list[int], conn: socket.socket, base: str) -> bool:
+        """Hand the run to an idle pod (a new one if none is idle); False: not a pod's run (or the pod was
+        lost before it took it), the caller forks a pid 1 for it."""
+        key = cls.key(req)
+        if key is None:
+            return False
+        cls.check()
+        pod = next((p for p in cls.live.values() if p.run is None and p.key == key), None) or cls._new(conn, base, key)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            socket.send_fds(pod.ctrl, [json.dumps(req).encode()], [*fds, theirs.fileno()])
+        except OSError:
+            mine.close()
+            theirs.close()
+            cls.end(pod)
+            return False
+        pod.run = req["id"]
+        theirs.close()
+        for fd in fds:
+            os.close(fd)
+        socket.send_fds(conn, [json.dumps({"t": "started", "id": req["id"], "pid": pod.pid, "pod": True}).encode()],
+                        [mine.fileno()])
+        mine.close()
+        return True
+
+    @classmethod
+    def _new(cls, conn: socket.socket, base: str, key: tuple) -> _Pod:
+        folder = os.path.join(base, f"pod-{cls.made}")
+        cls.made += 1
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        pid = PidNamespaces.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            mine.close()
+            _pod_main(theirs, folder, conn.fileno())
+        _LEADERS.add(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        theirs.close()
+        pod = cls.live[pid] = _Pod(pid, mine, key)
+        return pod
+
+    @classmethod
+    def check(cls) -> None:
+        """Take in the pods' notices that their run is over; a pod that is gone, or of an older generation
+        once idle, is ended."""
+        for pod in list(cls.live.values()):
+            if pod.run is not None:
+                try:
+                    notice = pod.ctrl.recv(64, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    notice = b""
+                if notice != b"idle":
+                    cls.end(pod)
+                    continue
+                pod.run = None
+            if pod.key[-1] != cls.generation:
+                cls.end(pod)
+
+    @classmethod
+    def stop_run(cls, run_id) -> None:
+        """SIGKILL for run `run_id`: its pod ends with it, if the pod still serves it."""
+        cls.check()
+        for pod in list(cls.live.values()):
+            if pod.run is not None and pod.run == run_id:
+                cls.end(pod)
+
+    @classmethod
+    def retire(cls) -> None:
+        cls.generation += 1
+        cls.check()
+
+    @classmethod
+    def end(cls, pod: _Pod) -> None:
+        cls.live.pop(pod.pid, None)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
+            if pod.pid in _LEADERS:   # not reaped yet: the pid is still this pod's
+                os.kill(pod.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        pod.ctrl.close()
+
+    @classmethod
+    def forget(cls, pid: int) -> None:
+        """A pod reaped (killed, or its setup failed)."""
+        pod = cls.live.pop(pid, None)
+        if pod is not None:
+            pod.ctrl.close()
+
+    @classmethod
+    def close_in_child(cls) -> None:
+        for pod in cls.live.values():
+            pod.ctrl.close()
+        cls.live = {}
+
+
+def _pod_main(ctrl: socket.socket, folder: str, conn_fd: int) -> None:
+    """A pod (Pods): its namespaces and root are made with its first run (whose status pipe hears any
+    failure), then it serves runs until the zygote closes its socket. Never returns."""
+    try:
+        sandbox.small_pages()   # the pod and every rank
+        os.close(conn_fd)
+        PidNamespaces.close_in_child()
+        Pods.close_in_child()
+        # and what else the zygote held as it forked this pod: the descriptors of the run it was handed
+        # (sent on to the pod, which gets its own copies), never to be inherited by any later run's rank
+        os.closerange(3, ctrl.fileno())
+        os.closerange(ctrl.fileno() + 1, os.sysconf("SC_OPEN_MAX"))
+        os.setsid()
+        sandbox.set_parent_death_signal(signal.SIGKILL)
+        # pid 1 gets only the signals it handles: SIGTERM from the zygote ends it, and with it its run
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    except BaseException:  # noqa: BLE001
+        os._exit(71)
+    own_files = None
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 256)
+        except InterruptedError:
+            continue
+        except OSError:
+            os._exit(0)
+        if not data:
+            os._exit(0)   # the zygote is gone
+        req = json.loads(data)
+        ws = req["world_size"]
+        status_fd, done = fds[2 * ws], fds[2 * ws + 1]
+        if own_files is None:
+            try:
+                if req.get("cgroup"):  # before the new root: /sys is not in it (children inherit the cgroup)
+                    sandbox.join_cgroup(req["cgroup"])
+                sandbox.enter_namespaces(req["user_namespace"], pid=False)
+                own_files = sandbox.new_root(folder, req["limits"]["tmp_mb"], _CODE, cuda=False,
+                                             empty=_EMPTY[0] if _EMPTY else None)
+                os.chdir("/")
+                sandbox.enter_root(folder)
+            except BaseException as err:  # noqa: BLE001
+                os.write(status_fd, (json.dumps({"t": "leader_error", "error": f"new root: {err}"}) + "\n").encode())
+                os._exit(71)
+        req["own_files"] = own_files
+        _pod_run(req, [tuple(fds[2 * r: 2 * r + 2]) for r in range(ws)], status_fd, done, ctrl)
+
+
+def _store_process(req: dict, ctrl: socket.socket) -> None:
+    """A real-backend run's TCP store, in a pod: hosted by a child of the pod that runs no student code and
+    lives until the pod ends the run (a store's server thread never runs in the pod, which forks again)."""
+    if (req.get("store") or {}).get("kind") != "tcp":
+        return
+    # a network namespace of the run's own, as a fresh pid 1's (its ranks share it: gloo's connections)
+    sandbox.unshare(sandbox.CLONE_NEWNET)
+    sandbox.loopback_up()
+    listening = _store_socket(req)
+    if listening is None:
+        return
+    if os.fork() == 0:
+        keep = listening.fileno()
+        ctrl.close()
+        os.closerange(3, keep)   # the run's descriptors are the pod's and its ranks'
+        os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+        store = _host_store(req, listening)  # noqa: F841  (held until the pod kills this process)
+        while True:
+            signal.pause()
+    listening.close()
+
+
+def _pod_run(req: dict, rank_fds: list[tuple[int, int]], status_fd: int, done: int, ctrl: socket.socket) -> None:
+    """One run in a pod: its ranks, each one's exit reported as pid 1 reports it, until every rank has ended
+    or the supervisor writes to `done`; then every process of the namespace but the pod is killed and
+    reaped, the zygote told, and `done` closed: the supervisor's sign that the run is over."""
+    gc.freeze()
+    try:
+        _store_process(req, ctrl)
+    except BaseException as err:  # noqa: BLE001  (the run's ranks could not meet: said as pid 1 says it)
+        os.write(status_fd, (json.dumps({"t": "leader_error", "error": f"store: {err}"}) + "\n").encode())
+        os._exit(71)
+    pids = _fork_ranks(req, rank_fds, status_fd, [ctrl, done])
+    waiting = {}
+    for pid, r in pids.items():
+        try:
+            waiting[os.pidfd_open(pid)] = pid
+        except OSError:   # cannot be (a child, not reaped): waited for below all the same
+            pass
+    while waiting:
+        ready = select.select([done, *waiting], [], [])[0]
+        if done in ready:
+            break   # stopped (a byte, or the supervisor's end closed): no more reports, as pid 1's SIGTERM
+        for fd in ready:
+            pid = waiting.pop(fd)
+            os.close(fd)
+            _, status = os.waitpid(pid, 0)
+            _report_exit(status_fd, pids[pid], status)
+    for fd in waiting:
+        os.close(fd)
+    try:
+        os.kill(-1, signal.SIGKILL)   # as pid 1: every other process of this pid namespace, none outside it
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    os.close(status_fd)
+    try:   # idle before the supervisor hears the run is over: the zygote may hand the pod its next run at once
+        ctrl.send(b"idle")
+    except OSError:
+        os._exit(0)   # the zygote is gone
+    os.close(done)
+
+
 MADV_COLLAPSE, HUGE = 25, 1 << 21   # Linux 6.1+; 2 MiB pages on x86-64 and arm64 (4K base pages)
 COLLAPSE_AFTER_RUNS = 8   # a cold zygote's huge pages (below): more runs than one grade's
 
@@ -435,10 +701,24 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
     served = 0
     for data, fds in _requests(conn, 64):
         req = json.loads(data)
+        if req.get("t") == "kill":   # a pod's run, which SIGKILL would end with its pod (Pods)
+            for fd in fds:
+                os.close(fd)
+            Pods.stop_run(req.get("id"))
+            continue
+        loaded = len(sys.modules)
         _preload(req.get("preload") or ())
+        if len(sys.modules) != loaded:   # the pods' ranks would import these from disk: new pods
+            Pods.retire()
         # Everything the zygote holds goes to the collector's permanent generation: a fork's collections
         # then never walk (and so never copy-on-write) the torch heap the children share.
         gc.freeze()
+        if Pods.start(req, fds, conn, base):
+            served += 1
+            if served == COLLAPSE_AFTER_RUNS and not forked:
+                _huge_pages()
+                Pods.retire()
+            continue
         # No reaping between fork and pidfd_open: the pid cannot be reused before we hold its pidfd.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         init = PidNamespaces.applies(req)
@@ -457,6 +737,7 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
         served += 1
         if served == COLLAPSE_AFTER_RUNS and not forked:
             _huge_pages()
+            Pods.retire()
 
 
 def _reap() -> None:
@@ -468,6 +749,7 @@ def _reap() -> None:
         if pid == 0:
             return
         _LEADERS.discard(pid)
+        Pods.forget(pid)
 
 
 def _requests(conn: socket.socket, max_fds: int):
