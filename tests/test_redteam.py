@@ -184,3 +184,36 @@ def test_the_ranks_of_a_graded_run_reach_each_other_only_through_the_switch():
                       "/dev/shm/rank0.txt": "absent", "proc": "[]"}, graded
     real = output_lines(run_cli("check", str(SANDBOX / "rank_channels.py"), "--lang", "en").stdout, rank=1)
     assert real["tcp"] == "connected" and real["proc"] == "[]", real
+
+
+SYSV_RELAY = """
+import ctypes, os
+import torch, torch.distributed as dist
+IPC_CREAT, KEY = 0o1000, 0x5eed
+libc = ctypes.CDLL(None, use_errno=True)
+
+def run_worker(rank, world_size):
+    if rank == 0:
+        found = libc.shmget(KEY, 0, 0)        # what an earlier run left, if anything reached this one
+        print("found:", "yes" if found >= 0 else os.strerror(ctypes.get_errno()))
+        made = libc.shmget(KEY, 4096, IPC_CREAT | 0o666)
+        print("left one:", "yes" if made >= 0 else os.strerror(ctypes.get_errno()))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    return t, None
+"""
+
+
+@ROOT_ONLY
+@pytest.mark.timeout(60)
+def test_what_the_kernel_keeps_of_a_real_backend_run_never_reaches_the_next_run():
+    """A SysV segment outlives the process that made it. Two real-backend runs one after the other on one
+    Runner (the second in the pod the first left, zygote.Pods): the second finds nothing of the first, because
+    each run has an IPC (and network) namespace of its own."""
+    with Runner() as runner:
+        runs = [runner.run_many([RunRequest(world_size=2, source=SYSV_RELAY, filename="s.py", mode="real")])[0]
+                for _ in range(2)]
+    lines = [run.ranks[0].output_text().split() for run in runs]
+    for run, words in zip(runs, lines):
+        assert run.stop == "completed", (run.stop, run.error, words)
+        assert " ".join(words).startswith("found: No such file or directory left one: yes"), words

@@ -12,7 +12,7 @@ A run is a small process tree forked from the zygote:
 As root, the zygote forks I straight into the new pid namespace (zygote.PidNamespaces), and I is a pod
 (zygote.Pods) unless the run uses CUDA: kept for the zygote's next run once it has killed (kill(-1)) and reaped every
 other process of its namespace, so two runs never share one at the same time (a pod hosts a real-backend
-run's store in a child, in a network namespace it makes for that run). Without root, a
+run's store in a child, in network and IPC namespaces it makes for that run). Without root, a
 leader L above I enters a user namespace first (the pid namespace must belong to it) with the others,
 builds the root, and forks I. Killing I tears the pid namespace down: every process in it dies,
 double-forked daemons included.

@@ -373,8 +373,8 @@ class Pods:
     once its run is over, kills what is left of it (kill(-1): every process of its pid namespace), reaps it,
     and waits for the zygote's next run, in the same pid namespace and root. Nothing of a run outlives it:
     every rank of a graded run makes a network, mount (its own /tmp) and IPC namespace of its own, a
-    real-backend run gets a network namespace of its own from the pod (its ranks share it, and a child of the
-    pod hosts its store), every rank has a uid never used before, and the root is read-only. Where pods do
+    real-backend run gets a network and an IPC namespace of its own from the pod (its ranks share them, and
+    a child of the pod hosts its store), every rank has a uid never used before, and the root is read-only. Where pods do
     not apply (no root: a user namespace; CUDA), each run has a pid 1 of its own, as before.
 
     The supervisor (runner.py) gets a socket instead of a pidfd: the pod closes its end once the run's last
@@ -547,8 +547,10 @@ def _store_process(req: dict, ctrl: socket.socket) -> None:
     lives until the pod ends the run (a store's server thread never runs in the pod, which forks again)."""
     if (req.get("store") or {}).get("kind") != "tcp":
         return
-    # a network namespace of the run's own, as a fresh pid 1's (its ranks share it: gloo's connections)
-    sandbox.unshare(sandbox.CLONE_NEWNET)
+    # a network and an IPC namespace of the run's own, as a fresh pid 1's (its ranks share them: gloo's
+    # connections), so that nothing the kernel keeps past a process (a SysV segment, a message queue, a
+    # connection in TIME_WAIT) reaches the pod's next run
+    sandbox.unshare(sandbox.CLONE_NEWNET | sandbox.CLONE_NEWIPC)
     sandbox.loopback_up()
     listening = _store_socket(req)
     if listening is None:
