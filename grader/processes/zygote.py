@@ -302,6 +302,17 @@ def _leader(req: dict, fds: list[int], conn_fd: int, init: bool = False) -> None
 _LEADERS: set[int] = set()  # runs in flight (leader pids, not yet reaped)
 
 
+def _fork_held(fork=os.fork) -> int:
+    """fork() with SIGCHLD blocked here until the caller unblocks it, holding the child (no reaping in
+    between: its pid cannot be reused); the child gets SIGCHLD back as a plain process has it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    pid = fork()
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    return pid
+
+
 class PidNamespaces:
     """As root, the zygote forks each run's pid 1 directly into a new pid namespace: unshare(CLONE_NEWPID)
     applies to the zygote's next child only until setns() puts the zygote's own namespace back. The
@@ -423,11 +434,8 @@ class Pods:
         cls.made += 1
         os.makedirs(folder, mode=0o700, exist_ok=True)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-        pid = PidNamespaces.fork()
+        pid = _fork_held(PidNamespaces.fork)
         if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             mine.close()
             _pod_main(theirs, folder, conn.fileno())
         _LEADERS.add(pid)
@@ -722,12 +730,9 @@ def serve(conn: socket.socket, base: str, forked: bool = False) -> None:
                 Pods.retire()
             continue
         # No reaping between fork and pidfd_open: the pid cannot be reused before we hold its pidfd.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         init = PidNamespaces.applies(req)
-        pid = PidNamespaces.fork() if init else os.fork()
+        pid = _fork_held(PidNamespaces.fork if init else os.fork)
         if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
             _leader(req, fds, conn.fileno(), init)
         _LEADERS.add(pid)
         for fd in fds:
@@ -801,11 +806,8 @@ def _spawn(data: bytes, fds: list[int], sources) -> tuple[socket.socket, str] | 
         for fd in fds:
             os.close(fd)
         return None
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-    pid = os.fork()
+    pid = _fork_held()
     if pid == 0:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         os.setsid()
         for source in sources:
             source.close()
