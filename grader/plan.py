@@ -24,7 +24,8 @@ It is needed only where the switch run of the visible world size ran without a f
 it passes (a failure or a different answer there costs that world size's points, Judge.real_backend). `grade` and `check` start it in
 round 1 and cancel it as soon as the visible perturbed run shows it will not be needed; a batch starts it
 only once it is: as soon as that perturbed run proves its values and passes a check (beside the other world
-sizes' runs), else after the last round. One that runs out of time is run once more, with twice the time, before it costs anything.
+sizes' runs), else after the last round. One that runs out of time is run once more, with twice the time,
+before it costs anything.
 """
 from __future__ import annotations
 

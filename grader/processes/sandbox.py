@@ -10,9 +10,9 @@ A run is a small process tree forked from the zygote:
                                             (seccomp.py), then student code
 
 As root, the zygote forks I straight into the new pid namespace (zygote.PidNamespaces), and I is a pod
-(zygote.Pods) unless the run uses CUDA: kept for the zygote's next run once it has killed (kill(-1)) and reaped every
-other process of its namespace, so two runs never share one at the same time (a pod hosts a real-backend
-run's store in a child, in network and IPC namespaces it makes for that run). Without root, a
+(zygote.Pods) unless the run uses CUDA: kept for the zygote's next run once it has killed (kill(-1)) and
+reaped every other process of its namespace, so two runs never share one at the same time (a pod hosts a
+real-backend run's store in a child, in network and IPC namespaces it makes for that run). Without root, a
 leader L above I enters a user namespace first (the pid namespace must belong to it) with the others,
 builds the root, and forks I. Killing I tears the pid namespace down: every process in it dies,
 double-forked daemons included.
@@ -185,7 +185,8 @@ def set_parent_death_signal(sig: int) -> None:
 def small_pages() -> None:
     """New memory of this process and its children in 4 KiB pages. A fork of the zygote inherits its malloc's
     huge-page tunable (launch.HUGE_HEAP_TUNABLE): each 2 MiB its heap grew by was zeroed whole, though a rank
-    touches little of it (measured: ~6% of a run's CPU). What it shares with the zygote stays as it is."""
+    touches little of it (measured in a `grade`'s 4-rank run: ~6% of its CPU). What it shares with the zygote
+    stays as it is."""
     _libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)   # Linux 3.15+; where it fails, nothing changes
 
 
