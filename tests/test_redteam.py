@@ -204,16 +204,67 @@ def run_worker(rank, world_size):
 """
 
 
+def _segments_held(zygote: int) -> int:
+    """SysV segments in the IPC namespaces of the zygote and its children (its pods), read from inside each."""
+    count = 0
+    for pid in [zygote, *open(f"/proc/{zygote}/task/{zygote}/children").read().split()]:
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:
+            try:
+                sandbox.setns(os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY), sandbox.CLONE_NEWIPC)
+                with open("/proc/sysvipc/shm") as table:
+                    os.write(write, str(len(table.read().splitlines()) - 1).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        got = os.read(read, 32)
+        os.close(read)
+        os.waitpid(child, 0)
+        count += int(got or 0)
+    return count
+
+
 @ROOT_ONLY
 @pytest.mark.timeout(60)
 def test_what_the_kernel_keeps_of_a_real_backend_run_never_reaches_the_next_run():
     """A SysV segment outlives the process that made it. Two real-backend runs one after the other on one
     Runner (the second in the pod the first left, zygote.Pods): the second finds nothing of the first, because
-    each run has an IPC (and network) namespace of its own."""
+    each run has an IPC (and network) namespace of its own, which goes when the run does (its memory too: a
+    segment left in a pod would hold memory the next students' runs need)."""
     with Runner() as runner:
         runs = [runner.run_many([RunRequest(world_size=2, source=SYSV_RELAY, filename="s.py", mode="real")])[0]
                 for _ in range(2)]
+        # nor does its memory stay: no namespace a pod (or the zygote) is in still holds the segments
+        assert _segments_held(runner.hello["pid"]) == 0
     lines = [run.ranks[0].output_text().split() for run in runs]
     for run, words in zip(runs, lines):
         assert run.stop == "completed", (run.stop, run.error, words)
         assert " ".join(words).startswith("found: No such file or directory left one: yes"), words
+
+
+DEV_MARK = """
+import os, torch, torch.distributed as dist
+
+def run_worker(rank, world_size):
+    try:
+        os.utime("/dev/full")                 # a time another rank, or a later run, could read
+        print("utime: ok")
+    except OSError as err:
+        print("utime:", err.strerror)
+    with open(os.devnull, "w") as sink:       # the devices themselves still work
+        print("devnull:", sink.write("x"))
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    return t, None
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_cannot_leave_a_mark_on_the_device_nodes():
+    """/dev is the run's (or its pod's, kept for later runs): read-only once its nodes are made."""
+    with Runner() as runner:
+        [run] = runner.run_many([RunRequest(world_size=2, source=DEV_MARK, filename="d.py")])
+    assert run.stop == "completed", (run.stop, run.error)
+    for rec in run.ranks:
+        assert rec.output_text().split("\n")[:2] == ["utime: Read-only file system", "devnull: 1"], rec.output_text()

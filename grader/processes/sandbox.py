@@ -496,6 +496,9 @@ def new_root(target: str, tmp_mb: int, code: list[str], cuda: bool = False, empt
     for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                        ("stderr", "/proc/self/fd/2")):
         os.symlink(link, f"{dev}/{name}")
+    # read-only once made: the nodes still read and write (they are devices), but nobody changes their times,
+    # which would be a mark that the ranks of a run, or a pod's later runs, could read
+    mount(None, dev, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     os.mkdir(f"{target}/proc")
     for path in code:  # last: an interpreter may live below /tmp (a venv inside a checkout in /tmp)
         if not any(_inside(path, f"/{name}") for name in SYSTEM_DIRS):

@@ -521,7 +521,7 @@ def _pod_main(ctrl: socket.socket, folder: str, conn_fd: int) -> None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     except BaseException:  # noqa: BLE001
         os._exit(71)
-    own_files = None
+    own_files, home = None, None
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 256)
@@ -539,6 +539,8 @@ def _pod_main(ctrl: socket.socket, folder: str, conn_fd: int) -> None:
                 if req.get("cgroup"):  # before the new root: /sys is not in it (children inherit the cgroup)
                     sandbox.join_cgroup(req["cgroup"])
                 sandbox.enter_namespaces(req["user_namespace"], pid=False)
+                # the pod's own network and IPC namespaces, to come back to after a real-backend run's
+                home = tuple(os.open(f"/proc/self/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC) for kind in ("net", "ipc"))
                 own_files = sandbox.new_root(folder, req["limits"]["tmp_mb"], _CODE, cuda=False,
                                              empty=_EMPTY[0] if _EMPTY else None)
                 os.chdir("/")
@@ -547,22 +549,23 @@ def _pod_main(ctrl: socket.socket, folder: str, conn_fd: int) -> None:
                 os.write(status_fd, (json.dumps({"t": "leader_error", "error": f"new root: {err}"}) + "\n").encode())
                 os._exit(71)
         req["own_files"] = own_files
-        _pod_run(req, [tuple(fds[2 * r: 2 * r + 2]) for r in range(ws)], status_fd, done, ctrl)
+        _pod_run(req, [tuple(fds[2 * r: 2 * r + 2]) for r in range(ws)], status_fd, done, ctrl, home)
 
 
-def _store_process(req: dict, ctrl: socket.socket) -> None:
+def _store_process(req: dict, ctrl: socket.socket) -> bool:
     """A real-backend run's TCP store, in a pod: hosted by a child of the pod that runs no student code and
-    lives until the pod ends the run (a store's server thread never runs in the pod, which forks again)."""
+    lives until the pod ends the run (a store's server thread never runs in the pod, which forks again).
+    True: the pod has moved into the run's own network and IPC namespaces (_pod_run leaves them after it)."""
     if (req.get("store") or {}).get("kind") != "tcp":
-        return
+        return False
     # a network and an IPC namespace of the run's own, as a fresh pid 1's (its ranks share them: gloo's
-    # connections), so that nothing the kernel keeps past a process (a SysV segment, a message queue, a
-    # connection in TIME_WAIT) reaches the pod's next run
+    # connections); the pod leaves them with the run, and nothing the kernel keeps past a process (a SysV
+    # segment, a message queue, a connection in TIME_WAIT) outlives them
     sandbox.unshare(sandbox.CLONE_NEWNET | sandbox.CLONE_NEWIPC)
     sandbox.loopback_up()
     listening = _store_socket(req)
     if listening is None:
-        return
+        return True
     if os.fork() == 0:
         keep = listening.fileno()
         ctrl.close()
@@ -572,15 +575,17 @@ def _store_process(req: dict, ctrl: socket.socket) -> None:
         while True:
             signal.pause()
     listening.close()
+    return True
 
 
-def _pod_run(req: dict, rank_fds: list[tuple[int, int]], status_fd: int, done: int, ctrl: socket.socket) -> None:
+def _pod_run(req: dict, rank_fds: list[tuple[int, int]], status_fd: int, done: int, ctrl: socket.socket,
+             home: tuple[int, int]) -> None:
     """One run in a pod: its ranks, each one's exit reported as pid 1 reports it, until every rank has ended
     or the supervisor writes to `done`; then every process of the namespace but the pod is killed and
     reaped, the zygote told, and `done` closed: the supervisor's sign that the run is over."""
     gc.freeze()
     try:
-        _store_process(req, ctrl)
+        moved = _store_process(req, ctrl)
     except BaseException as err:  # noqa: BLE001  (the run's ranks could not meet: said as pid 1 says it)
         os.write(status_fd, (json.dumps({"t": "leader_error", "error": f"store: {err}"}) + "\n").encode())
         os._exit(71)
@@ -611,6 +616,12 @@ def _pod_run(req: dict, rank_fds: list[tuple[int, int]], status_fd: int, done: i
             os.waitpid(-1, 0)
         except ChildProcessError:
             break
+    if moved:   # back home: the run's namespaces, with whatever its ranks left in them, are gone
+        try:
+            sandbox.setns(home[0], sandbox.CLONE_NEWNET)
+            sandbox.setns(home[1], sandbox.CLONE_NEWIPC)
+        except OSError:
+            os._exit(72)   # a pod that cannot leave them serves no other run (the zygote forgets it)
     os.close(status_fd)
     try:   # idle before the supervisor hears the run is over: the zygote may hand the pod its next run at once
         ctrl.send(b"idle")
