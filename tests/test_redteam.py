@@ -267,4 +267,6 @@ def test_a_rank_cannot_leave_a_mark_on_the_device_nodes():
         [run] = runner.run_many([RunRequest(world_size=2, source=DEV_MARK, filename="d.py")])
     assert run.stop == "completed", (run.stop, run.error)
     for rec in run.ranks:
-        assert rec.output_text().split("\n")[:2] == ["utime: Read-only file system", "devnull: 1"], rec.output_text()
+        utime, devnull = rec.output_text().split("\n")[:2]
+        assert utime in ("utime: Read-only file system", "utime: Operation not permitted"), rec.output_text()
+        assert devnull == "devnull: 1", rec.output_text()
