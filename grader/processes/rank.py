@@ -254,16 +254,22 @@ def _load_submission(spec: dict) -> types.ModuleType:
     sys.modules["submission"] = module
     record = spec.get("checks") == "record"
     code = spec.get("_code")
-    if record:
-        _record_checks(module)
     if isinstance(code, bytes) and spec.get("code_magic") == compiled.MAGIC:
         code = marshal.loads(code)   # compiled by the supervisor (submission/compiled.py)
     else:
         code = compiled.rank_code(source, filename, record)
+    _run_top_level(module, code, record)
+    return module
+
+
+def _run_top_level(module: types.ModuleType, code, record: bool) -> None:
+    """Execute a module's definitions; `record`: its checks recorded (below), the hook put back afterwards,
+    whatever the top level did to it."""
+    if record:
+        _record_checks(module)
     exec(code, module.__dict__)
     if record:
-        module.__dict__[compiled.CHECK_HOOK] = _check_failed   # whatever the top level did to it
-    return module
+        module.__dict__[compiled.CHECK_HOOK] = _check_failed
 
 
 # -- the student's own checks -----------------------------------------------------------------------
@@ -329,11 +335,7 @@ def _load_written(path: str, name: str, spec: dict) -> types.ModuleType:
     module.__file__ = path
     sys.modules[name] = module
     record = spec.get("checks") == "record" and compiled.recorded(source, path)   # this file's own handlers
-    if record:
-        _record_checks(module)
-    exec(compiled.rank_code(source, path, record), module.__dict__)
-    if record:
-        module.__dict__[compiled.CHECK_HOOK] = _check_failed   # whatever its top level did to it
+    _run_top_level(module, compiled.rank_code(source, path, record), record)
     return module
 
 
