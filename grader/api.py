@@ -130,6 +130,6 @@ def _run_summary(run) -> dict:
     """How one run ended, for staff (results.json extra_data): never rendered for students."""
     return {"world_size": run.request.world_size, "label": run.request.label, "stop": run.stop,
             "stop_rank": run.stop_rank, "error": run.error, "elapsed": round(run.elapsed, 3),
-            "ranks": [{"how": (rec.result or {}).get("how"), "exit": rec.exit, "setup_error": rec.setup_error,
+            "ranks": [{"how": rec.how, "exit": rec.exit, "setup_error": rec.setup_error,
                        "inside": rec.inside.op if rec.inside is not None else None, "calls": len(rec.calls),
                        "output_bytes": rec.output_total} for rec in run.ranks]}

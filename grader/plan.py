@@ -30,7 +30,8 @@ before it costs anything.
 from __future__ import annotations
 
 from .exercise.spec import Exercise
-from .processes.runner import Runner, RunRequest
+from .processes.runner import Runner
+from .records import RunRequest
 from .verify.judge import Judge, WorldSizeRuns
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from grader import wire
-from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+from grader.records import RankRecord, RunOutcome, RunRequest
 from grader.switch import Switch
 from grader.switch.perturb import generator
 

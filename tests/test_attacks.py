@@ -170,7 +170,8 @@ PEAK = r"""
 import json, resource, sys
 from grader import plan
 from grader.exercise import registry
-from grader.processes.runner import Runner, RunRequest
+from grader.processes.runner import Runner
+from grader.records import RunRequest
 ex = registry.get(sys.argv[2])
 source = open(sys.argv[1], encoding="utf-8").read()
 with Runner() as runner:   # this process is the supervisor: its peak memory is the switch's

@@ -18,7 +18,8 @@ import pytest
 
 from conftest import FIXTURES, run_cli
 from grader.processes import sandbox, seccomp
-from grader.processes.runner import Runner, RunRequest
+from grader.processes.runner import Runner
+from grader.records import RunRequest
 
 SANDBOX = FIXTURES / "sandbox"
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uids per run need root (as_nobody covers the rest)")

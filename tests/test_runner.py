@@ -14,7 +14,8 @@ import pytest
 
 from conftest import FIXTURES, PY, ROOT
 from grader.processes import launch
-from grader.processes.runner import Runner, RunRequest
+from grader.processes.runner import Runner
+from grader.records import How, RunRequest
 from grader.processes.sandbox import Limits
 
 
@@ -61,9 +62,9 @@ def test_ranks_report_calls_values_and_output(runner):
     [out] = runner.run_many([RunRequest(world_size=3, source=ECHO, filename="echo.py", quantities=("t", "u"))])
     assert out.stop == "completed"
     for rec in out.ranks:
-        assert rec.result["how"] == "return" and rec.result["source"] == "return"
-        assert values(rec.result["values"]["t"]).tolist() == [6.0] * 4
-        assert rec.result["values"]["u"] == {"kind": "missing"}
+        assert rec.result.how is How.RETURN and rec.result.source == "return"
+        assert values(rec.result.values["t"]).tolist() == [6.0] * 4
+        assert rec.result.values["u"] == {"kind": "missing"}
         [call] = rec.calls
         assert (call.op, call.method, call.api, call.line, call.sends, call.receives) == ("all_reduce", "allreduce", "all_reduce", 5, True, True)
         assert call.completed and call.ok and call.waited and call.perturbed is None   # a clean run: nothing perturbed
@@ -96,7 +97,7 @@ def test_a_real_backend_run_times_its_calls_on_gloo(runner):
                                         mode="real")])
     assert out.stop == "completed"
     for rec in out.ranks:
-        assert values(rec.result["values"]["t"]).tolist() == [6.0] * 4
+        assert values(rec.result.values["t"]).tolist() == [6.0] * 4
         assert rec.calls == []
         [timing] = rec.timings
         assert timing["op"] == "all_reduce" and timing["line"] == 5 and timing["ms"] > 0 and timing["bytes"] == 16
@@ -203,7 +204,7 @@ def test_a_batch_worker_zygote_is_a_fork_of_the_template_and_goes_with_its_runne
         with Runner(limits=Limits(wall_s=10)) as r:
             [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))])
             assert out.stop == "completed"
-            assert [values(rec.result["values"]["t"]).tolist() for rec in out.ranks] == [[3.0] * 4] * 2
+            assert [values(rec.result.values["t"]).tolist() for rec in out.ranks] == [[3.0] * 4] * 2
             assert isinstance(r.proc, launch.Forked) and _parent_pid(r.proc.pid) == template.pid
             zygote, base = r.proc.pid, r.base
             assert "seccomp" in r.layer_names() or os.geteuid() != 0
@@ -245,7 +246,7 @@ def test_a_session_template_serves_every_grader_process_of_its_user(session_temp
     with Runner(limits=Limits(wall_s=10)) as r:
         [out] = r.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))])
         assert out.stop == "completed"
-        assert [values(rec.result["values"]["t"]).tolist() for rec in out.ranks] == [[3.0] * 4] * 2
+        assert [values(rec.result.values["t"]).tolist() for rec in out.ranks] == [[3.0] * 4] * 2
         assert isinstance(r.proc, launch.Forked) and _parent_pid(r.proc.pid) == template.pid
         zygote = r.proc.pid
     assert _gone(zygote) and template.poll() is None
@@ -357,7 +358,7 @@ def test_a_run_stopped_midway_leaves_nothing_and_the_next_runs_go_on(runner):
     assert _run_uids_alive(runner) == 0
     [again] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))])
     assert again.stop == "completed"
-    assert [values(rec.result["values"]["t"]).tolist() for rec in again.ranks] == [[3.0] * 4] * 2
+    assert [values(rec.result.values["t"]).tolist() for rec in again.ranks] == [[3.0] * 4] * 2
 
 
 @pytest.mark.timeout(60)
@@ -375,4 +376,4 @@ def test_a_watch_can_start_a_run_as_another_ends(runner):
     outs = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="echo.py", quantities=("t", "u"))], watch=watch)
     assert [out.request.world_size for out in outs] == [2, 3] and outs[1].request is asked[0]
     assert [out.stop for out in outs] == ["completed", "completed"]
-    assert values(outs[1].ranks[2].result["values"]["t"]).tolist() == [6.0] * 4
+    assert values(outs[1].ranks[2].result.values["t"]).tolist() == [6.0] * 4

@@ -15,7 +15,8 @@ import pytest
 
 from conftest import FIXTURES
 from grader import wire
-from grader.processes.runner import Runner, RunRequest
+from grader.processes.runner import Runner
+from grader.records import RunRequest
 from grader.processes.sandbox import Limits
 from grader.switch import ProtocolError, Switch
 from grader.switch.ops import reduce_arrays
@@ -279,7 +280,7 @@ def test_malformed_messages_end_that_rank_with_a_named_verdict():
                                            quantities=("t",)) for body in MALFORMED.values()])
     for name, out in zip(MALFORMED, outs):
         if name == "unicode_dtype":   # a well-formed frame with a value the grader will not read
-            assert out.stop == "completed" and out.ranks[0].result["values"]["t"]["kind"] == "other", name
+            assert out.stop == "completed" and out.ranks[0].result.values["t"]["kind"] == "other", name
         else:
             assert out.stop == "protocol" and out.stop_rank in (0, 1), (name, out.stop, out.error)
 

@@ -7,7 +7,7 @@ import pytest
 
 from grader.feedback import messages, render
 from grader.model import Note
-from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+from grader.records import RankRecord, RunOutcome, RunRequest
 from grader.switch import Call
 from grader.verify.teach import ring_volume, teaching_notes
 

@@ -284,7 +284,7 @@ def test_teach_lines_are_the_chapters_numbers():
     """Per rank and step: reduce-scatter and all-gather each (N-1)/N x S, together one all-reduce's
     2(N-1)/N x S; the momentum elements held beside the unsharded count (a synthetic run, no processes)."""
     from grader.switch import Call
-    from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+    from grader.records import RankRecord, RankResult, RunOutcome, RunRequest
     from grader.verify.teach import exercise_notes
     exercise = registry.get(EX)
 
@@ -301,7 +301,7 @@ def test_teach_lines_are_the_chapters_numbers():
         rec.calls = [call(rank, 0, "reduce_scatter", 1032), call(rank, 1, "all_gather", 1032),
                      call(rank, 2, "reduce_scatter", 1032), call(rank, 3, "all_gather", 1032)]
         shape = [258] if rank else [1030]
-        rec.result = {"how": "return", "values": {"momentum": {"kind": "tensor", "shape": shape}}}
+        rec.result = RankResult(how="return", values={"momentum": {"kind": "tensor", "shape": shape}})
         ranks.append(rec)
     notes = exercise_notes(exercise, RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), ranks))
     lines = [render(n.key, n.params, "en") for n in notes]
@@ -322,7 +322,7 @@ def test_what_a_rank_fed_is_read_from_the_same_completed_operation():
     rank fed the operation a rank received from is that operation's own senders, not the k-th call of each
     rank's list: each rank's pending decoy (own gradient, a group no one else joins) comes first, then the
     real reduce-scatter, fed with something else."""
-    from grader.processes.runner import RankRecord, RunOutcome, RunRequest
+    from grader.records import RankRecord, RankResult, RunOutcome, RunRequest
     from grader.switch import Call
     from grader.verify.observe import RunContext, RunView
 

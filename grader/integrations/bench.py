@@ -24,6 +24,7 @@ from pathlib import Path
 from ..comm import OPS
 from ..exercise import registry
 from ..feedback.messages import default_lang, render
+from ..records import BenchOptions, Mode, Stop
 from ..submission import load as loader
 
 SIZES = [4 << 10 << (2 * k) for k in range(8)]      # 4 KiB, 16 KiB, ... 64 MiB
@@ -46,14 +47,14 @@ def run_bench(submission, exercise, *, sizes=SIZES, world_sizes=WORLD_SIZES, run
     from ..processes.runner import Runner, RunRequest
     from ..processes.sandbox import Limits
     function, baseline = declared(exercise)
-    options = json.dumps({"sizes": list(sizes), "baseline": baseline, "budget": BUDGET})
+    options = BenchOptions(sizes=tuple(sizes), baseline=baseline, budget=BUDGET)
     own = runner is None
     runner = runner or Runner(limits=Limits(wall_s=wall_s, cpu_s=int(wall_s * 2)), max_parallel=1)
     rows, errors = [], []
     try:
         for ws in world_sizes:
             request = RunRequest(world_size=ws, source=submission.source, filename=submission.filename, entry=function,
-                                 label=f"bench-{ws}", mode="bench:" + options)
+                                 label=f"bench-{ws}", mode=Mode.BENCH, bench=options)
             outcome = runner.run_many([request])[0]
             for note in outcome.ranks[0].notes:
                 try:
@@ -66,7 +67,7 @@ def run_bench(submission, exercise, *, sizes=SIZES, world_sizes=WORLD_SIZES, run
                 seconds = row["ms"] / 1000
                 algbw = row["bytes"] / seconds / 1e9 if seconds > 0 else 0.0
                 rows.append({**row, "ws": ws, "algbw": algbw, "busbw": algbw * OPS[baseline].ring(ws)})
-            if outcome.stop != "completed":
+            if outcome.stop != Stop.COMPLETED:
                 errors.append(f"{ws}: run stopped ({outcome.stop})")
     finally:
         if own:

@@ -1,6 +1,6 @@
 """Inside one rank of a bench run: time the student's function against a collective, on a plain gloo group.
 
-A run whose request has `mode = "bench:<json>"` comes here instead of grading (rank.run dispatches). The
+A run whose request has `mode = Mode.BENCH` (records.py; its `bench` options in the spec) comes here instead of grading (rank.run dispatches). The
 rank joins a plain gloo process group over the run's store: no grader backend, so no observation copies
 and no reporting cost in the times. It loads the submission's definitions (as graded runs do) and, for
 each size in the options, times `entry(tensor, rank, world_size)` (a float32 tensor of size/4 elements,
@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 
 def options(spec: dict) -> dict:
-    return json.loads(spec["mode"].partition(":")[2] or "{}")
+    """{"sizes", "baseline", "budget"}: the request's records.BenchOptions."""
+    return spec.get("bench") or {}
 
 
 def _reps(nbytes: int, budget: int) -> int:

@@ -2,9 +2,9 @@
 limits, stop runs cleanly.
 
 The supervisor never imports torch and never unpickles anything. Each rank has one socket to it (frames of
-wire.py) and a pipe for its output. In a graded run ("switch" mode) every operation a rank starts goes to the
+wire.py) and a pipe for its output. In a graded run (Mode.SWITCH) every operation a rank starts goes to the
 run's switch.Switch, which pairs, perturbs, computes and answers it: the supervisor is the only channel
-between the ranks. A real-backend run ("real") and a bench run ("bench:...") run torch's own gloo / NCCL
+between the ranks. A real-backend run (Mode.REAL) and a bench run (Mode.BENCH) run torch's own gloo / NCCL
 between ranks that share the run's network; their ranks only report to the supervisor. Decisions here are
 about processes only (time, output, liveness, deadlock); what the values mean is verify's.
 
@@ -24,10 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from .. import wire
+from ..records import How, Mode, RankRecord, RankResult, RunOutcome, RunRequest, Stop
 from ..submission import compiled
 from ..switch import MAX_OPS, MAX_OUTPUT, Call, ProtocolError, Switch, TrafficLimit
 from . import launch
@@ -66,84 +67,6 @@ class GraderError(RuntimeError):
     """The grader itself could not run (not the student's fault)."""
 
 
-@dataclass
-class RunRequest:
-    world_size: int
-    source: str
-    filename: str
-    entry: str = "run_worker"             # the function each rank calls: entry(rank, world_size)
-    quantities: tuple[str, ...] = ()      # what each rank reports: returned values or final locals
-    backend: str = "gloo"                 # a real-backend run's backend: "gloo" or "nccl"
-    perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data the switch perturbs
-    label: str = ""
-    preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (static.imports)
-    time_scale: float = 1.0               # the run's wall and CPU limits times this (code that compiles)
-    mode: str = "switch"                  # "switch": graded through the switch; "real": torch's own backend;
-    #                                       "bench:<json options>": time `entry` (bench_rank.py)
-    files: dict = field(default_factory=dict)   # files written in each rank's working folder (%%writefile)
-    cuda: bool = False                    # the ranks see the machine's GPUs (a graded run's CUDA tensors go
-    #                                       through the switch by host copies; a real NCCL run needs them)
-
-    def perturbs(self, op: str) -> bool:
-        return op in self.perturb
-
-    @property
-    def real(self) -> bool:
-        return self.mode != "switch"
-
-
-@dataclass
-class RankRecord:
-    rank: int
-    ready: bool = False
-    calls: list[Call] = field(default_factory=list)     # every operation, as the switch measured it, in order
-    inside: Call | None = None                          # the operation the rank waits on (the switch's word)
-    snapshot: dict = field(default_factory=dict)        # entry-function tensors as of its last operation
-    checks: list = field(default_factory=list)          # the student's own checks that failed (a perturbed run
-    #                                                     records them): {"line", "values" as they stood there}
-    checks_dropped: int = 0                             # failed checks past MAX_CHECKS
-    result: dict | None = None
-    notes: list[str] = field(default_factory=list)
-    timings: list[dict] = field(default_factory=list)   # real-backend runs: each call as the rank timed it
-    last_started: dict | None = None                    # real-backend runs: the last call it started, as it said
-    setup_error: str | None = None
-    broken: str | None = None                           # what broke the grader's code inside the rank, after "ready"
-    unread: bool = False                                # stopped: it left more than MAX_UNREAD of answers unread
-    out_of_memory: bool = False                         # the grader's code inside it ran out of memory (its limit)
-    done: bool = False                                  # sent everything it will send
-    exit: dict | None = None                            # {"code": n} or {"signal": n}
-    output: bytearray = field(default_factory=bytearray)
-    output_total: int = 0
-    report_bytes: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.done or self.exit is not None
-
-    @property
-    def failed(self) -> bool:
-        if self.result is not None:
-            return self.result.get("how") != "return"
-        return self.exit is not None
-
-    def output_text(self) -> str:
-        return self.output.decode("utf-8", "replace")
-
-
-@dataclass
-class RunOutcome:
-    request: RunRequest
-    ranks: list[RankRecord]
-    stop: str = "completed"       # completed | timeout | deadlock | process_limit | failfast | output_limit |
-    #                               protocol | traffic_limit | cancelled | grader_error
-    stop_rank: int | None = None
-    elapsed: float = 0.0
-    error: str | None = None
-    processes: int | None = None  # processes of the run's uids when it was stopped (root mode only)
-    process_limit_hit: bool = False
-    oom_killed: bool = False      # the kernel killed a rank of this run for the grader's total memory
-
-
 class _Run:
     """One run in flight: its sockets and pipes, its leader's pidfd, its switch, its records."""
 
@@ -171,8 +94,8 @@ class _Run:
         self.oom_before = 0
         self.processes_checked = self.started  # when the run's processes were last counted (fork bombs)
 
-    def set_stop(self, reason: str, rank: int | None = None) -> None:
-        if self.outcome.stop == "completed" and self.stopping_since is None:
+    def set_stop(self, reason: Stop, rank: int | None = None) -> None:
+        if self.outcome.stop == Stop.COMPLETED and self.stopping_since is None:
             self.outcome.stop, self.outcome.stop_rank = reason, rank
 
 
@@ -330,10 +253,10 @@ class Runner:
             if waiting is not None:
                 queue.remove(waiting)
                 results[i] = RunOutcome(requests[i], [RankRecord(r) for r in range(requests[i].world_size)],
-                                        stop="cancelled")
+                                        stop=Stop.CANCELLED)
             for index, run in active.values():
                 if index == i:
-                    run.set_stop("cancelled")
+                    run.set_stop(Stop.CANCELLED)
                     self._stop(run)
         try:
             while queue or active:
@@ -344,7 +267,7 @@ class Runner:
                         run = self._launch(request, slot, sel)
                     except GraderError as err:
                         results[index] = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)],
-                                                    stop="grader_error", error=str(err))
+                                                    stop=Stop.GRADER_ERROR, error=str(err))
                         free_slots.append(slot)
                         continue
                     active[id(run)] = (index, run)
@@ -395,7 +318,8 @@ class Runner:
                      else {"kind": "file", "path": f"{cwd}/.store"})
         mode = request.mode
         record = bool(request.perturb) and compiled.recorded(request.source, request.filename)
-        code = self._code(request, record) if mode == "switch" else None
+        code = self._code(request, record) if mode is Mode.SWITCH else None
+        bench = asdict(request.bench) if request.bench is not None else None
         send_fds, keep = [], []
         for r in range(request.world_size):
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -407,7 +331,7 @@ class Runner:
             spec = {"t": "spec", "rank": r, "world_size": request.world_size, "source": request.source,
                     "code": 0 if code is not None else None, "code_magic": compiled.MAGIC,
                     "filename": request.filename, "entry": request.entry, "quantities": list(request.quantities),
-                    "backend": request.backend, "mode": mode, "store": store, "timeout": limits.wall_s,
+                    "backend": request.backend, "mode": mode, "bench": bench, "store": store, "timeout": limits.wall_s,
                     "files": dict(request.files),
                     # a perturbed run records the student's own failed checks and goes on (rank.py): its data
                     # fails them by design; every other run raises, as Python does
@@ -521,10 +445,10 @@ class Runner:
             return
         run.pending.setdefault(fd, []).extend(frame)
         self._flush(run, fd)
-        if sum(len(b) for b in run.pending.get(fd, ())) > MAX_UNREAD and run.outcome.stop == "completed":
+        if sum(len(b) for b in run.pending.get(fd, ())) > MAX_UNREAD and run.outcome.stop == Stop.COMPLETED:
             run.outcome.ranks[rank].unread = True
             run.pending.pop(fd, None)
-            self._abort(run, "traffic_limit", rank)
+            self._abort(run, Stop.TRAFFIC_LIMIT, rank)
 
     def _read(self, run: _Run, fd: int, role: str, r: int, sel) -> None:
         chunk = _read_chunk(fd)
@@ -549,7 +473,7 @@ class Runner:
             if room > 0:
                 record.output += chunk[:room]
             if record.output_total > run.limits.output_max_mb << 20:
-                self._abort(run, "output_limit", r)
+                self._abort(run, Stop.OUTPUT_LIMIT, r)
             return
         if role == "status":
             buf = run.lines[fd]
@@ -571,14 +495,14 @@ class Runner:
             frames = reader.feed(chunk)
         except wire.WireError:
             del run.readers[fd]
-            self._abort(run, "protocol", r)
+            self._abort(run, Stop.PROTOCOL, r)
             return
         for header, blobs in frames:
             try:
                 self._handle(run, r, header, blobs)
             except (ProtocolError, wire.WireError, TrafficLimit) as err:
                 run.readers.pop(fd, None)
-                self._abort(run, "traffic_limit" if isinstance(err, TrafficLimit) else "protocol", r)
+                self._abort(run, Stop.TRAFFIC_LIMIT if isinstance(err, TrafficLimit) else Stop.PROTOCOL, r)
                 break
         if run.switch is not None:
             self._deliver(run)
@@ -604,7 +528,7 @@ class Runner:
                 run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
         elif kind == "leader_error":
             run.outcome.error = f"sandbox could not be set up: {msg.get('error')}"
-            run.set_stop("grader_error")
+            run.set_stop(Stop.GRADER_ERROR)
 
     def _handle(self, run: _Run, r: int, header: dict, blobs: list) -> None:
         run.last_progress = time.monotonic()
@@ -656,21 +580,22 @@ class Runner:
         elif kind == "result" and record.result is None:
             found = header.get("values") if isinstance(header.get("values"), dict) else {}
             names = list(run.request.quantities)
-            record.result = {"how": header.get("how") if header.get("how") in ("return", "raise", "exit", "load_error")
-                             else "raise",
-                             "error": _error(header.get("error")),
-                             "values": {n: wire.value(found.get(n), blobs) if n in found else None for n in names},
-                             "source": header.get("source") if header.get("source") in ("return", "locals") else "return",
-                             "returned_type": str(header.get("returned_type", "?"))[:80]}
+            how = header.get("how")
+            source = header.get("source")
+            record.result = RankResult(how=How(how) if how in tuple(How) else How.RAISE,
+                                       error=_error(header.get("error")),
+                                       values={n: wire.value(found.get(n), blobs) if n in found else None for n in names},
+                                       source=source if source in ("return", "locals") else "return",
+                                       returned_type=str(header.get("returned_type", "?"))[:80])
             if run.switch is not None:
                 run.switch.finish(r)
-            if record.result["how"] != "return" and run.failfast_at is None:
+            if not record.result.returned and run.failfast_at is None:
                 run.failfast_at = time.monotonic() + FAILFAST_GRACE_S
         elif kind == "setup_error" and not record.ready:
             # before "ready" no student code has run: the grader's own failure to set the rank up
             record.setup_error = str(header.get("error"))[:2000]
             run.outcome.error = f"rank {r}: {record.setup_error}"
-            run.set_stop("grader_error", r)
+            run.set_stop(Stop.GRADER_ERROR, r)
         elif kind == "setup_error":
             # after it, the student's code has broken the grader's code inside its rank (patched modules ...)
             record.broken = _one_line(header.get("error"))
@@ -703,21 +628,21 @@ class Runner:
             return
         ranks = run.outcome.ranks
         stuck = self._stuck(run) and now - run.last_progress > DEADLOCK_GRACE_S
-        if run.outcome.stop != "completed":
+        if run.outcome.stop != Stop.COMPLETED:
             self._stop(run)
         elif all(rec.finished for rec in ranks):
             self._stop(run)
         elif now - run.started > run.limits.wall_s:
-            run.set_stop("timeout")
+            run.set_stop(Stop.TIMEOUT)
             self._stop(run)
         elif self._fork_bomb(run, now):
-            run.set_stop("process_limit")
+            run.set_stop(Stop.PROCESS_LIMIT)
             self._stop(run)
         elif run.failfast_at is not None and (now >= run.failfast_at or stuck):
-            run.set_stop("failfast", next((rec.rank for rec in ranks if rec.failed), None))
+            run.set_stop(Stop.FAILFAST, next((rec.rank for rec in ranks if rec.failed), None))
             self._stop(run)
         elif stuck and not any(rec.failed for rec in ranks):
-            run.set_stop("deadlock")
+            run.set_stop(Stop.DEADLOCK)
             self._stop(run)
 
     def _fork_bomb(self, run: _Run, now: float) -> bool:
@@ -750,7 +675,7 @@ class Runner:
         if run.stopping_since is None:
             run.stopping_since = time.monotonic()
             run.outcome.elapsed = run.stopping_since - run.started
-            if run.uids is not None and run.outcome.stop not in ("completed", "process_limit", "cancelled"):
+            if run.uids is not None and run.outcome.stop not in (Stop.COMPLETED, Stop.PROCESS_LIMIT, Stop.CANCELLED):
                 run.outcome.processes = self._processes(run.uids)
                 run.outcome.process_limit_hit = run.outcome.processes >= _bomb_threshold(run)
             self._kill(run, signal.SIGTERM)
@@ -783,7 +708,7 @@ class Runner:
                     break
                 self._feed(run, fd, role, r, chunk)
 
-    def _abort(self, run: _Run, reason: str, rank: int) -> None:
+    def _abort(self, run: _Run, reason: Stop, rank: int) -> None:
         run.set_stop(reason, rank)
         self._stop(run)
 
@@ -810,8 +735,8 @@ class Runner:
         if run.switch is not None:
             for record in run.outcome.ranks:
                 record.inside = run.switch.waiting_on(record.rank)
-        if run.outcome.stop == "completed" and not all(rec.finished for rec in run.outcome.ranks):
-            run.outcome.stop = "grader_error"
+        if run.outcome.stop == Stop.COMPLETED and not all(rec.finished for rec in run.outcome.ranks):
+            run.outcome.stop = Stop.GRADER_ERROR
             run.outcome.error = run.outcome.error or "the run ended before every rank reported"
         shutil.rmtree(run.workdir, ignore_errors=True)
 

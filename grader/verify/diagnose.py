@@ -15,7 +15,7 @@ import numpy as np
 
 from ..model import Note, Outcome
 from ..switch import Call
-from ..processes.runner import RankRecord, RunOutcome
+from ..records import How, RankRecord, RunOutcome
 from .observe import Value
 
 
@@ -68,8 +68,8 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     r = record.rank
     result = record.result
     if result is not None:
-        how = result.get("how")
-        error = result.get("error") or {}
+        how = result.how
+        error = result.error or {}
         if how == "load_error":
             return Outcome.LOAD_ERROR, Note("fail.load_error", {"rank": r, **error_params(error)})
         if how == "exit":
@@ -187,7 +187,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     shape = quantity.expected_shape(ws)
     data = value.data
     calls = [c for c in record.calls if not quantity.through or c.op in quantity.through]
-    raised = (record.result or {}).get("how") in ("raise", "exit", "load_error")   # stopped early: its value is half-made
+    raised = record.how in (How.RAISE, How.EXIT, How.LOAD_ERROR)   # stopped early: its value is half-made
     if value.dtype and not value.floating and value.dtype.startswith(("torch.int", "torch.uint", "torch.bool")):
         notes.append(Note("cause.integer_dtype", {**label, "dtype": value.dtype}))
     for call in calls:
@@ -310,7 +310,7 @@ def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecor
     if exercise.diagnose is None:
         return []
     context = {"calls": record.calls, "value": value, "outcome": outcome.value,
-               "error": (record.result or {}).get("error"), "returned": (record.result or {}).get("how") == "return",
+               "error": record.result.error if record.result is not None else None, "returned": record.how is How.RETURN,
                "others": {name: v.data for name, v in (others or {}).items()
                           if name != quantity.name and v is not None and v.data is not None}}
     try:
@@ -436,7 +436,7 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
     open (no rank calls the operation) from ranks that call different operations (cause.mismatch's)."""
     notes = []
     through = set(quantity.through)
-    returned = (record.result or {}).get("how") == "return"   # a rank that stopped early says nothing of its ops
+    returned = record.how is How.RETURN   # a rank that stopped early says nothing of its ops
     if returned and through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
         others = [c for c in record.calls if c.op != "barrier" and not c.via]   # not DDP's own start-up broadcast
         # another operation in its place: one that carried data of this quantity's size, a send or a recv
@@ -469,7 +469,7 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
     if pickled and len(pickled) == len([c for c in record.calls if c.op in through and c.sends]):
         notes.append(Note("cause.object_collective", {"op": op_name(pickled[0])}))
     waiting = async_without_wait([c for c in record.calls if c.op in through])
-    if waiting is not None and (record.result or {}).get("how") == "return":
+    if waiting is not None and record.how is How.RETURN:
         notes.append(Note("cause.async_no_wait", {"op": op_name(waiting)}))
     return notes
 
@@ -492,7 +492,7 @@ def _signature(call: Call) -> str:
 
 def _own_fault_outside(run: RunOutcome, record: RankRecord) -> bool:
     result = record.result
-    if result is not None and result.get("how") in ("raise", "exit", "load_error"):
+    if result is not None and result.how in (How.RAISE, How.EXIT, How.LOAD_ERROR):
         return failed_call(record) is None
     return result is None and record.inside is None and run.stop == "timeout"
 

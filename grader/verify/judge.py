@@ -20,7 +20,7 @@ import numpy as np
 from ..comm import OPS
 from ..exercise.spec import Check, Exercise, Quantity
 from ..model import CheckResult, Note, Outcome
-from ..processes.runner import RankRecord, RunOutcome
+from ..records import How, RankRecord, RunOutcome
 from ..wire import HALF
 from . import diagnose
 from .observe import RunContext, RunView, Value
@@ -61,8 +61,8 @@ class Judge:
         """A rank's value for a quantity, and whether it comes from the snapshot taken as the rank
         entered its last operation (it never returned: another rank's failure left it waiting)."""
         result = record.result
-        if result is not None and isinstance(result.get("values"), dict):
-            return Value.of(result["values"].get(name)), False
+        if result is not None and isinstance(result.values, dict):
+            return Value.of(result.values.get(name)), False
         if result is not None:
             return Value("missing"), False
         return Value.of(record.snapshot.get(name)), True
@@ -121,7 +121,7 @@ class Judge:
             if proof.ok:
                 return True, proof  # a snapshot that proves out is evidence too
             _, snapshot = self.value(run.ranks[rank], quantity.name)
-            if snapshot or (run.ranks[rank].result or {}).get("how") == "raise":
+            if snapshot or run.ranks[rank].how is How.RAISE:
                 continue  # a value in the making (the rank never returned, or raised) disproves nothing
             failed = failed or proof
         return (False, failed) if failed is not None else (None, None)
@@ -275,7 +275,7 @@ class Judge:
             else:
                 notes.append(Note("fail.missing", {**label, "entry": self.exercise.entry,
                                                    "names": [q.name for q in self.exercise.quantities],
-                                                   "returned": (record.result or {}).get("returned_type", "?")}))
+                                                   "returned": record.result.returned_type if record.result is not None else "?"}))
         elif outcome is not Outcome.PASS:
             if failure is not None:  # a wrong value left behind by an exception: the exception is the news
                 outcome, note = failure
@@ -432,7 +432,7 @@ class Judge:
             if not all(run.request.perturbs(op) for op in quantity.through) or rank >= len(run.ranks):
                 continue
             a, b = clean.ranks[rank], run.ranks[rank]
-            if (a.result or {}).get("how") != "return" or (b.result or {}).get("how") != "return":
+            if a.how is not How.RETURN or b.how is not How.RETURN:
                 continue
             va, vb = self.value(a, quantity.name)[0], self.value(b, quantity.name)[0]
             if va.data is None or vb.data is None or va.data.shape != vb.data.shape or not va.floating:

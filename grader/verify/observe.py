@@ -1,6 +1,6 @@
 """Typed observations of one run, and where each delivered element came from.
 
-`RunView` reads a finished run (processes/runner.RunOutcome: per rank, its operations as the switch
+`RunView` reads a finished run (records.RunOutcome: per rank, its operations as the switch
 measured them, switch.Call, and the values it reported) and answers the questions verification asks:
   - for delivered elements of a call, which ranks' sent elements they are made of, with what weight
     (`sources`), from the switch's own record of where it put each delivered element (switch.Piece);

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..comm import OPS
 from ..model import Note
-from ..processes.runner import RunOutcome
+from ..records import RunOutcome
 
 
 def rate(volume: float, ms: float) -> str:

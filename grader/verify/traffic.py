@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from ..comm import OPS
 from ..exercise.spec import Check
 from ..model import CheckResult, Note, Outcome
-from ..processes.runner import RunOutcome
+from ..records import RunOutcome
 from .diagnose import global_peer
 
 
@@ -84,7 +84,7 @@ def size_and_dtype(run: RunOutcome, quantity) -> tuple[int, str | None]:
     first rank that reported one returned (None when none did)."""
     numel = math.prod(quantity.expected_shape(run.request.world_size))
     for rec in run.ranks:
-        values = (rec.result or {}).get("values")
+        values = rec.result.values if rec.result is not None else None
         desc = values.get(quantity.name) if isinstance(values, dict) else None
         if isinstance(desc, dict) and desc.get("kind") == "tensor":
             return numel, desc.get("dtype")
