@@ -322,7 +322,7 @@ def test_what_a_rank_fed_is_read_from_the_same_completed_operation():
     rank fed the operation a rank received from is that operation's own senders, not the k-th call of each
     rank's list: each rank's pending decoy (own gradient, a group no one else joins) comes first, then the
     real reduce-scatter, fed with something else."""
-    from grader.records import RankRecord, RankResult, RunOutcome, RunRequest
+    from grader.records import RankRecord, RunOutcome, RunRequest
     from grader.switch import Call
     from grader.verify.observe import RunContext, RunView
 

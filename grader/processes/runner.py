@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import wire
 from ..records import How, Mode, RankRecord, RankResult, RunOutcome, RunRequest, Stop
 from ..submission import compiled
-from ..switch import MAX_OPS, MAX_OUTPUT, Call, ProtocolError, Switch, TrafficLimit
+from ..switch import MAX_OPS, MAX_OUTPUT, ProtocolError, Switch, TrafficLimit
 from . import launch
 from .launch import BASE_PREFIX
 from .sandbox import Limits, MemoryCgroup, claim_uid_block, default_total_mb, processes_by_uid, uid_budget, uid_range

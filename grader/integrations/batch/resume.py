@@ -1,0 +1,85 @@
+"""What a batch keeps between runs: a results file per student, reused while the submission, the language and
+the rubric are the same; one batch per output folder; what a killed batch left, swept.
+
+Only the parent writes files, each atomically (feedback.results.write_atomic), so a SIGKILL at any moment
+leaves whole files only.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ...feedback.results import write_atomic
+from ...submission import load as loader
+from ..gradebook import printable
+from .discover import Student, results_name
+
+
+def content_hash(path: Path) -> str:
+    """sha256 of what would be graded: the entry file's name inside the student's folder and its bytes, or,
+    when it cannot be read, the problem (so a file that becomes readable, or smaller, is graded again)."""
+    submission = loader.load(path)
+    entry = submission.path.relative_to(path).as_posix() if path.is_dir() and submission.path != path else ""
+    problem = json.dumps(list(submission.problem), sort_keys=True, default=str) if submission.problem else ""
+    return hashlib.sha256(os.fsencode(entry) + b"\0" + submission.raw + b"\0" + problem.encode()).hexdigest()
+
+
+def read_results(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def up_to_date(data: dict | None, digest: str, lang: str, exercise) -> bool:
+    extra = (data or {}).get("extra_data") or {}
+    batch = extra.get("batch") or {}
+    return (batch.get("content_hash") == digest and batch.get("lang") == lang and batch.get("rubric") == exercise.rubric_key()
+            and not extra.get("grader_error") and isinstance(extra.get("scores"), dict))
+
+
+WORKER_LOGS = ".grader-workers-"   # OUT/<prefix>XXXX: the workers' logs while a batch runs
+
+
+def sweep_temporaries(out: Path) -> int:
+    """Remove what a killed batch leaves (the lock is held: no batch is using them): write_atomic's
+    temporaries, killed between their write and their rename, and the workers' logs."""
+    count = 0
+    for tmp in out.glob(".*.tmp"):
+        try:
+            tmp.unlink()
+            count += 1
+        except FileNotFoundError:
+            pass
+    for logs in out.glob(WORKER_LOGS + "*"):
+        if logs.is_dir() and not logs.is_symlink():
+            shutil.rmtree(logs, ignore_errors=True)
+            count += 1
+    return count
+
+
+def lock(out: Path):
+    """One batch per output folder; the lock dies with the process, so a SIGKILL never leaves it held."""
+    handle = open(out / ".batch.lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def save(out: Path, student: Student, data: dict, lang: str, exercise) -> dict:
+    """Write OUT/<results_name>; a failure to write is recorded in the row (the gradebook still lists it)."""
+    extra = data.setdefault("extra_data", {})
+    extra["batch"] = {"content_hash": student.digest, "lang": lang, "rubric": exercise.rubric_key(), "entry": printable(student.path.name)}
+    try:
+        write_atomic(out / results_name(student.name), json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    except (OSError, ValueError) as err:
+        extra["write_error"] = f"{type(err).__name__}: {err}"
+    return data
