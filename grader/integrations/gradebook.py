@@ -1,7 +1,7 @@
 """The gradebook of a batch: grades.csv, each student's verdict, and text that is safe to show.
 
 Student names are untrusted: in a CSV cell they never become a formula, on a terminal or in a table they
-never become a control sequence. Shared by batch.py (grades.csv, the summary) and classreport.py.
+never become a control sequence. Shared by the batch (grades.csv, the summary) and classreport.py.
 """
 from __future__ import annotations
 

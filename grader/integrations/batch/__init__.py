@@ -33,15 +33,18 @@ from ...feedback.results import write_atomic
 from ...processes import launch
 from ...submission import load as loader
 from .. import classreport
-from ..gradebook import gradebook
-from .discover import MAX_RESULT_NAME, Student, discover, results_name
-from .output import Progress, summary
-from .resume import content_hash, lock, read_results, save, sweep_temporaries, up_to_date
+from ..gradebook import gradebook, printable, verdict
+from .discover import MAX_RESULT_NAME, SAFE_NAME, Student, discover, results_name
+from .output import NAME_COLUMNS, Progress, summary
+from .resume import WORKER_LOGS, content_hash, lock, read_results, save, sweep_temporaries, up_to_date
 from .schedule import MAX_ATTEMPTS, entry_failed, grade_all, problem_results
-from .worker import FAULT_ENV, Worker, worker_main
+from .worker import FAULT_ENV, ROOT, Worker, worker_main
 
-__all__ = ["FAULT_ENV", "MAX_ATTEMPTS", "MAX_RESULT_NAME", "Progress", "Student", "Worker", "content_hash", "discover",
-           "grade_all", "read_results", "register", "results_name", "run", "summary", "up_to_date", "worker_main"]
+# what `batch.<name>` has always offered its callers (the tests, scripts), whichever room defines it now
+__all__ = ["FAULT_ENV", "MAX_ATTEMPTS", "MAX_RESULT_NAME", "NAME_COLUMNS", "Progress", "ROOT", "SAFE_NAME", "Student",
+           "WORKER_LOGS", "Worker", "class_exercise", "content_hash", "discover", "entry_failed", "grade_all", "lock",
+           "printable", "problem_results", "read_results", "register", "results_name", "run", "save", "summary",
+           "sweep_temporaries", "up_to_date", "verdict", "worker_main"]
 
 
 def run(args) -> int:
