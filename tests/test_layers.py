@@ -1,4 +1,4 @@
-"""The layers, as the README states them: the rank side imports nothing from verification or the switch (the
+"""The layers, as docs/design.md states them: the rank side imports nothing from verification or the switch (the
 perturbation lives with the switch, in the supervisor), feedback imports no process module, and the wire
 types both sides use are one module."""
 from __future__ import annotations
