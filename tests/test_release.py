@@ -76,7 +76,7 @@ def test_a_released_hidden_test_cell_is_its_source_without_the_hidden_region(nam
 @pytest.mark.parametrize("name", EXERCISES)
 def test_notebook_autograder_cells_are_the_exercises_checks(name):
     """One grade cell per check, in the rubric's order, with its points; hidden checks inside the hidden
-    block. (Grade ids are the notebook's: a hidden one need not name its world size.)"""
+    block. (Grade ids are the notebook's: a hidden one never names its world size.)"""
     exercise = registry.get(name)
     graded = [c for c in cells(paths(name)["solution_nb"]) if nbgrader_meta(c).get("grade")]
     assert len({nbgrader_meta(c)["grade_id"] for c in graded}) == len(graded) == len(exercise.checks)
@@ -92,6 +92,43 @@ def test_notebook_autograder_cells_are_the_exercises_checks(name):
         else:
             assert "HIDDEN TESTS" not in text
     assert sum(nbgrader_meta(c)["points"] for c in graded) == exercise.total
+
+
+# A number a name gives as a world size: ws3, ws_3, world_size3, 3ranks, 3-ranks, np3, 3procs, 3gpus
+WORLD_SIZE_IN_NAME = re.compile(r"(?:ws|world_?size|np)[-_]?(\d+)(?![0-9])|(?<![0-9])(\d+)[-_]?(?:ranks?|procs?|gpus?)", re.I)
+
+
+def named_world_sizes(text: str) -> set[int]:
+    return {int(a or b) for a, b in WORLD_SIZE_IN_NAME.findall(text)}
+
+
+def metadata_strings(value) -> list[str]:
+    """Every key and string value of a cell's metadata, nbgrader's checksum left out (a hash of the released
+    cell itself)."""
+    if isinstance(value, dict):
+        return [s for k, v in value.items() if k != "checksum" for s in (k, *metadata_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in metadata_strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_the_world_size_rule_finds_what_it_must():
+    assert named_world_sizes("test_ws3_all_reduce test-ws4-all-gather ws_5 8ranks 6-procs np7") == {3, 4, 5, 6, 7, 8}
+    assert named_world_sizes("test_hidden_values_3 python3 ipython3 test_static_all_reduce") == set()
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_a_released_notebook_names_no_hidden_world_size(name):
+    """The student's notebook names a hidden check's cell by its order, never its world size: no cell id,
+    grade id or other metadata says `ws3` where 3 ranks are a hidden check's (notebook metadata too)."""
+    exercise = registry.get(name)
+    hidden = {c.world_size for c in exercise.checks if c.hidden} - {c.world_size for c in exercise.checks if not c.hidden}
+    assert hidden
+    nb = json.loads(paths(name)["release_nb"].read_text(encoding="utf-8"))
+    names = metadata_strings(nb.get("metadata", {}))
+    for cell in nb["cells"]:
+        names += [cell.get("id", ""), *metadata_strings(cell.get("metadata", {}))]
+    assert {s: named_world_sizes(s) & hidden for s in names if named_world_sizes(s) & hidden} == {}
 
 
 @pytest.mark.parametrize("name", EXERCISES)
