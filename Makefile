@@ -43,7 +43,10 @@ bench: $(STAMP)
 
 EXERCISES := $(patsubst solutions/%/exercise.py,%,$(wildcard solutions/*/exercise.py))
 
+# --check first: a solution that would leak (no solution region, a marker the release would not recognise)
+# stops the release before nbgrader rewrites anything in assignments/.
 release: $(STAMP)
+	$(BIN)/python -m grader.integrations.release --check
 	for ex in $(EXERCISES); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/nbgrader generate_assignment $$ex --force || exit 1; done
 	$(BIN)/python -m grader.integrations.release --all
 

@@ -1,5 +1,6 @@
-"""`python -m grader ...`: see cli.py."""
+"""`python -m grader ...`, and the venv's `grader` console script (pyproject.toml): see cli.py."""
 import atexit
+import importlib.util
 import os
 import sys
 
@@ -7,15 +8,6 @@ import sys
 # zygote): ~0.1 s of CPU each, taken from the ranks beside it, for the small arrays the grader never hands to
 # BLAS. One thread unless the caller chose otherwise (ranks get the zygote's OpenBLAS, set up at its import).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-if len(sys.argv) > 1 and sys.argv[1] in ("grade", "check", "batch"):
-    from .processes import launch   # the zygote's torch import runs beside the imports below
-    if sys.argv[1] == "batch":
-        launch.start_template()     # its workers' zygotes are forks of this one
-    else:
-        launch.prestart()
-
-from .cli import main  # noqa: E402
 
 
 def _leave(code) -> None:
@@ -35,8 +27,44 @@ def _leave(code) -> None:
     os._exit(code & 0xFF)
 
 
-try:
-    status = main()
-except SystemExit as stop:
-    status = stop.code
-_leave(status)
+# Said before any of the grader can be imported (its message catalog needs numpy too), so kept here, in both
+# languages: a Python without the grader's dependencies (the system's, not the venv's) gets this, not a traceback.
+NO_DEPENDENCY = {
+    "zh": "{python} 里没有 {module} 模块：评分器要用它的虚拟环境运行：.venv/bin/grader 或 .venv/bin/python -m grader（见 README 的 Set up 一节）。",
+    "en": "{python} has no module named {module}: the grader runs in its venv: .venv/bin/grader or "
+          ".venv/bin/python -m grader (README, \"Set up\").",
+}
+
+
+def _missing_dependency() -> str | None:
+    for module in ("numpy", "torch"):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+def run() -> None:
+    """The command line: `python -m grader` and the `grader` script both come here, so that both start the
+    zygote (its torch import) before the command line's own imports, and both leave without the teardown."""
+    missing = _missing_dependency()
+    if missing:
+        lang = "en" if (os.environ.get("LANG", "") or os.environ.get("LC_ALL", "")).lower().startswith("en") else "zh"
+        print(NO_DEPENDENCY[lang].format(python=sys.executable, module=missing), file=sys.stderr)
+        _leave(2)
+    if len(sys.argv) > 1 and sys.argv[1] in ("grade", "check", "batch"):
+        from .processes import launch   # the zygote's torch import runs beside the imports below
+        if sys.argv[1] == "batch":
+            launch.start_template()     # its workers' zygotes are forks of this one
+        else:
+            launch.prestart()
+    from .cli import main
+    prog = "python -m grader" if sys.argv[0].endswith("__main__.py") else os.path.basename(sys.argv[0])
+    try:
+        status = main(prog=prog)
+    except SystemExit as stop:
+        status = stop.code
+    _leave(status)
+
+
+if __name__ == "__main__":
+    run()

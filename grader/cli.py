@@ -123,13 +123,13 @@ def cmd_list(args) -> int:
     for name, ex in sorted(exercises.items()):
         print(render("list.row", {"name": name, "title": ex.title[0] if lang == "zh" else ex.title[1],
                                   "points": ex.total, "visible": ", ".join(map(str, ex.visible_world_sizes)) or "-"}, lang))
-    for name, err in sorted(registry.broken(args.exercises_dir).items()):   # issue 20: listed, with why
+    for name, err in sorted(registry.broken(args.exercises_dir).items()):   # listed, with why
         print(render("list.broken", {**err.params, "name": name}, lang))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m grader", description="Autograder for multi-process PyTorch exercises")
+def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Autograder for multi-process PyTorch exercises")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="the exercises, with their points and visible world sizes")
     p.add_argument("--lang", choices=("zh", "en"), default=None)
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "python -m grader") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     return args.func(args)

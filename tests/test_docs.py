@@ -17,7 +17,8 @@ from grader.cli import build_parser
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PATH = re.compile(r"(?<![\w/.-])grader/[\w/.]*\w")
 DOTTED = re.compile(r"(?<![\w/.-])grader(?:\.\w+)+")
-COMMAND = re.compile(r"python -m (grader(?:\.[\w.]+)?)\b([^`#|]*)")
+# `python -m grader VERB`, `.venv/bin/grader VERB`, and the console script `grader VERB` opening a line or a span
+COMMAND = re.compile(r"(?:python -m |\.venv/bin/(?=grader )|^(?=grader )|(?<=`)(?=grader ))(grader(?:\.[\w.]+)?)\b([^`#|]*)")
 OPTION = re.compile(r"(?<![\w-])--[a-z][\w-]*")
 SPAN = re.compile(r"`([^`]+)`")
 # options of other tools that the docs name alone, with the tool the same page shows them with
@@ -67,7 +68,9 @@ def wrong_commands(text: str) -> list[str]:
                 source = Path(importlib.import_module(module).__file__).read_text(encoding="utf-8")
                 wrong += [f"{module} {opt}" for opt in OPTION.findall(rest) if f'"{opt}"' not in source]
                 continue
-            verb = (rest.split() or ["?"])[0]
+            verb = (rest.split() or [""])[0]
+            if verb in ("", "--help", "-h"):   # the command alone, or its usage
+                continue
             if verb not in VERBS:
                 wrong.append(f"python -m grader {verb}")
                 continue
@@ -102,10 +105,12 @@ python -m grader check answer.py --lang en --results r.json    # check writes no
 python -m grader grade x.py \\
     --exercise NAME --no-such-option
 python -m grader regrade x.py
+.venv/bin/grader check a.py --jobs 2
+grader regrade x.py
 python -m grader.integrations.release --all --every
 ```
 Use `--lang zh`, `--langs`, `batch --jobs 2`, `check --jobs 2` and `--force` (nbgrader's, named without its command).
 """
     assert missing_modules(text) == ["grader/checks.py", "grader.batch.worker_main"]
     assert wrong_commands(text) == ["check --results", "grade --no-such-option", "python -m grader regrade",
-                                    "grader.integrations.release --every", "--langs", "check --jobs", "--force"]
+                                    "check --jobs", "python -m grader regrade", "grader.integrations.release --every", "--langs", "check --jobs", "--force"]

@@ -1,4 +1,4 @@
-"""The layers, as the README states them: the rank side imports nothing from verification or the switch (the
+"""The layers, as docs/design.md states them: the rank side imports nothing from verification or the switch (the
 perturbation lives with the switch, in the supervisor), feedback and verification import no process module,
 the wire types both sides use are one module, and so are a run's records. And the package's shape: no import
 cycle, no file over MAX_LINES lines."""

@@ -201,7 +201,7 @@ def test_release_notebook_checks_run_worker_with_two_real_ranks(course, tmp_path
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert [c.metadata.nbgrader.grade_id for c in tests] == [
         "test_static_all_reduce", "test_static_all_gather", "test_ws2_all_reduce", "test_ws2_all_gather",
-        "test_ws3_all_reduce", "test_ws3_all_gather", "test_ws4_all_reduce", "test_ws4_all_gather"]
+        "test_hidden_all_reduce_1", "test_hidden_all_gather_1", "test_hidden_all_reduce_2", "test_hidden_all_gather_2"]
     for c in tests[:4]:  # visible: each prints its verdict, nothing on stderr, no error (ipykernel may send
         # one print in two stream messages when its flush timer fires between the text and the newline)
         assert c.outputs and all(o.output_type == "stream" and o.name == "stdout" for o in c.outputs), c.outputs
@@ -245,8 +245,8 @@ def tamper(nb) -> None:
     edited = cell(nb, "test_ws2_all_reduce")
     edited.source = 'print("all good")'
     edited.metadata.nbgrader["points"] = 1000
-    cell(nb, "test_ws3_all_reduce").source = "pass"
-    nb.cells.remove(cell(nb, "test_ws4_all_reduce"))
+    cell(nb, "test_hidden_all_reduce_1").source = "pass"
+    nb.cells.remove(cell(nb, "test_hidden_all_reduce_2"))
 
 
 def answer_cell(nb):
@@ -336,16 +336,16 @@ def test_class_through_zip_collect_autograde_feedback_export(autograded):
     # An untouched test cell is restored without a tampering alarm, hidden ones included (nbgrader alone
     # warns "Attribute 'checksum' ... has changed!" for every hidden cell: grader/integrations/nbhidden.py);
     # dave's edited and blanked cells are still reported, and nobody else's in any assignment.
-    assert changed_checksums(log) == {("dave", A): {"test_ws2_all_reduce", "test_ws3_all_reduce"}}, log
+    assert changed_checksums(log) == {("dave", A): {"test_ws2_all_reduce", "test_hidden_all_reduce_1"}}, log
     assert {s: float(rows[s, A]["score"]) for s in EXPECTED} == EXPECTED
     assert {float(rows[s, A]["max_score"]) for s in EXPECTED} == {100.0}
     dave, bob, carol = cells["dave", A], cells["bob", A], cells["carol", A]
     # tampering gained nothing: the edited, blanked and deleted cells were restored, run and scored 0 of 15
-    for name in ("test_ws2_all_reduce", "test_ws3_all_reduce", "test_ws4_all_reduce"):
+    for name in ("test_ws2_all_reduce", "test_hidden_all_reduce_1", "test_hidden_all_reduce_2"):
         assert dave[name] == (0, 15), (name, dave)
     assert dave["test_ws2_all_gather"] == (15, 15)
     assert sum(score for score, _ in bob.values()) == 70
-    assert bob["test_ws3_all_gather"] == (0, 15) and bob["test_ws2_all_gather"] == (15, 15)
+    assert bob["test_hidden_all_gather_1"] == (0, 15) and bob["test_ws2_all_gather"] == (15, 15)
     assert carol["test_static_all_reduce"] == (5, 5) and carol["test_ws2_all_reduce"] == (0, 15)
 
     graded = {s: nbformat.read(course / "autograded" / s / A / f"{A}.ipynb", as_version=4) for s in EXPECTED}

@@ -67,6 +67,20 @@ CATALOG: dict[str, tuple[str, str]] = {
     "todo.open": ("请先完成 {todos}", "complete {todos} first"),
     "list.and": ("{rest}、{last}", "{rest} and {last}"),
     "list.broken": ("  {name}：无法加载：{path}：{error}", "  {name}: broken: {path}: {error}"),
+    # --- the release of student versions (integrations/release.py): refused where it would leak an answer
+    "release.no_region": ("{where}：没有 ### BEGIN SOLUTION / ### END SOLUTION 区域，学生版本会原样含有整个答案。什么都没有发布。",
+                          "{where}: no ### BEGIN SOLUTION / ### END SOLUTION region: the student version would hold the whole "
+                          "answer. Nothing was released."),
+    "release.stray_marker": ("{where}：{text} 不是发布能识别的标记（{marker} 必须单独成行，一字不差），学生版本仍会含有这段内容。"
+                             "什么都没有发布。",
+                             "{where}: {text} is not a marker the release recognises ({marker} stands alone on its line, "
+                             "spelt exactly so): the student version would still hold this region. Nothing was released."),
+    "release.nested": ("{where}：### BEGIN SOLUTION 出现在另一个答案区域（第 {opened} 行开始）里面。什么都没有发布。",
+                       "{where}: ### BEGIN SOLUTION inside another solution region (opened at line {opened}). Nothing was released."),
+    "release.unopened": ("{where}：### END SOLUTION 之前没有 ### BEGIN SOLUTION。什么都没有发布。",
+                         "{where}: ### END SOLUTION with no ### BEGIN SOLUTION before it. Nothing was released."),
+    "release.unclosed": ("{where}：这个 ### BEGIN SOLUTION 没有对应的 ### END SOLUTION。什么都没有发布。",
+                         "{where}: this ### BEGIN SOLUTION is never closed by ### END SOLUTION. Nothing was released."),
     # --- loading
     "load.no_file": ("文件夹 {folder} 里没有 .py 或 .ipynb 提交文件。", "Folder {folder} holds no .py or .ipynb submission."),
     "load.unreadable": ("无法读取 {file}：{error}", "Cannot read {file}: {error}"),

@@ -4,7 +4,7 @@ issue jupyter/nbgrader#1961). nbgrader_config.py puts RestoreHiddenTests in Over
 Why the alarm: `generate_assignment` stores each grade cell in the gradebook (SaveCells) *before*
 ClearHiddenTests removes its `### BEGIN HIDDEN TESTS` region, then recomputes the checksum of the
 released cell. A released hidden-test cell therefore never has the checksum the gradebook holds, and
-OverwriteCells, at autograde, says "Attribute 'checksum' for cell test_ws3_all_reduce has changed!" for
+OverwriteCells, at autograde, says "Attribute 'checksum' for cell test_hidden_all_reduce_1 has changed!" for
 every hidden cell of every untouched notebook, then restores the stored source (which is how the hidden
 tests come back). RestoreHiddenTests restores such a cell silently when it is exactly the released one
 (the stored source with its hidden region cleared); any other change is reported as before.

@@ -55,6 +55,16 @@ def _early_probe() -> sandbox.Probe | None:
         return None
 
 
+def _usage_unless_started_by_the_grader() -> None:
+    """`--help` (or anything but FD BASE): the usage in this module's docstring, before the torch import."""
+    if len(sys.argv) < 3 or not sys.argv[1].isdigit():
+        usage = __doc__.split("\n\n")[1]
+        print("usage:\n" + usage, file=sys.stdout if sys.argv[1:2] in (["-h"], ["--help"]) else sys.stderr)
+        sys.exit(0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2)
+
+
+if __name__ == "__main__":
+    _usage_unless_started_by_the_grader()
 _PROBE = _early_probe() if __name__ == "__main__" else None
 
 import torch  # noqa: E402,F401  (the point of the zygote: imported once, shared by every fork)
