@@ -109,6 +109,9 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
                         self_checks=report.self_checks)
     for check in runtime_checks:
         result.checks.append(judge.evaluate(check, runs[check.world_size]))
+    for check in result.checks:      # an exercise's own code that failed is for staff, never in a check's words
+        result.staff += [n for n in check.notes if n.key.startswith("staff.")]
+        check.notes[:] = [n for n in check.notes if not n.key.startswith("staff.")]
     judge.overrule_static(result.checks, runs)
     judge.real_backend(result.checks, runs)
     result.runs = [_run_summary(run) for ws_runs in runs.values()
@@ -117,7 +120,9 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
     if visible and visible[0] in runs:
         ws_runs = runs[visible[0]]
         measured = ws_runs.clean or ws_runs.perturbed[0]   # sizes and traffic: the switch's either way
-        result.teaching = teaching_notes(measured, exercise, ws_runs.real) + exercise_notes(exercise, measured)
+        teaching = teaching_notes(measured, exercise, ws_runs.real) + exercise_notes(exercise, measured)
+        result.teaching = [n for n in teaching if not n.key.startswith("staff.")]
+        result.staff += [n for n in teaching if n.key.startswith("staff.")]
         shown = ws_runs.real or ws_runs.clean   # what the student's code printed (never a perturbed run's numbers)
         if shown is not None:
             result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in shown.ranks if rec.output_total]

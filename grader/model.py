@@ -91,6 +91,7 @@ class GradingResult:
     outputs: list[tuple[int, str, int]] = field(default_factory=list)  # visible run: (rank, kept text, total bytes)
     grader_error: str | None = None                       # traceback for staff; the grade is then 0
     runs: list[dict] = field(default_factory=list)        # for staff: how each run ended (never shown to students)
+    staff: list[Note] = field(default_factory=list)       # for staff: an exercise's own code that failed (never shown to students)
     exercise_title: tuple[str, str] = ("", "")            # (zh, en), set by api.grade
     exercise_total: float = 0.0                           # the points of every check, hidden ones included
     entry: str = ""                                       # the exercise's entry function

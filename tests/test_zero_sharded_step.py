@@ -315,87 +315,53 @@ def test_teach_lines_are_the_chapters_numbers():
     assert render(notes[4].key, notes[4].params, "zh") == "  进程 1：保存 258 个动量元素（优化器状态），不分片时是 1030 个：约 1/4。"
 
 
-# -- what a rank fed an operation is read from that operation (a synthetic run, no processes) ------------
+# -- the exercise's table of mistakes, on synthetic values (no processes) ------------------------------
 
-def test_what_a_rank_fed_is_read_from_the_same_completed_operation():
-    """RunContext: a call that never completed (or delivered to no one) sent nothing anyone got, and what every
-    rank fed the operation a rank received from is that operation's own senders, not the k-th call of each
-    rank's list: each rank's pending decoy (own gradient, a group no one else joins) comes first, then the
-    real reduce-scatter, fed with something else."""
-    from grader.records import RankRecord, RunOutcome, RunRequest
-    from grader.switch import Call
-    from grader.verify.observe import RunContext, RunView
-
-    ws, n = 2, 4
-    own = [np.full(n, 1.0 + q, dtype=np.float32) for q in range(ws)]
-    fed = [np.full(n, 10.0 + q, dtype=np.float32) for q in range(ws)]
-    ranks, real = [], []
-    for q in range(ws):
-        decoy = Call(rank=q, seq=0, method="-", op="reduce_scatter", group=(0, 1), gname=f"private{q}",
-                     sends=True, receives=True, inputs=[{"dtype": "torch.float32", "numel": n}], sent=[own[q]])
-        call = Call(rank=q, seq=1, method="-", op="reduce_scatter", group=(0, 1), gname="world", reduce="SUM",
-                    sends=True, receives=True, inputs=[{"dtype": "torch.float32", "numel": n}], sent=[fed[q]],
-                    completed=True, ok=True, delivered=[{"dtype": "torch.float32", "numel": n // ws}],
-                    delivered_arrays=[np.full(n // ws, 21.0, dtype=np.float32)])
-        rec = RankRecord(q)
-        rec.calls = [decoy, call]
-        ranks.append(rec)
-        real.append(call)
-    for call in real:
-        call.partners = {g: other for g, other in enumerate(real)}
-    ctx = RunContext(RunView(RunOutcome(RunRequest(world_size=ws, source="", filename="s.py"), ranks)))
-    for q in range(ws):
-        assert [list(v) for v in ctx.sent(q, "reduce_scatter")] == [list(fed[q])]   # the decoy is no contribution
-        [exchange] = ctx.operations(q, "reduce_scatter")
-        assert exchange.call is real[q] and exchange.reduce == "SUM" and exchange.group == (0, 1)
-        assert {r: list(v) for r, v in exchange.fed.items()} == {r: list(fed[r]) for r in range(ws)}
-        assert list(exchange.delivered) == [21.0, 21.0]
-    # and the exercise finds no step in it: no rank fed the operation its own gradient
-    assert all(np.isnan(EXERCISE.quantity("momentum").local_options(q, ws, ctx)[0]).all() for q in range(ws))
-
-
-# -- the exercise's own diagnosis, on synthetic values (no processes) --------------------------------
-
-def _diagnose(quantity: str, values, ws: int, rank: int = 1, outcome: str = "wrong") -> list[str]:
+def _named(quantity: str, values, ws: int, rank: int = 1, right: dict | None = None) -> list[str]:
+    """The causes the engine names from the exercise's mistakes for a wrong value (verify/mistakes.py)."""
+    from grader.verify import mistakes
     from grader.verify.observe import Value
-    value = Value("tensor", True, "Tensor", "torch.float32", [int(np.asarray(values).size)], np.asarray(values, float))
-    return [key for key, _ in EXERCISE.diagnose(quantity, value.data, ws, rank,
-                                                {"calls": [], "value": value, "outcome": outcome, "error": None})]
+    values = np.asarray(values, float)
+    value = Value("tensor", True, "Tensor", "torch.float32", [int(values.size)], values)
+    notes = mistakes.named(EXERCISE, EXERCISE.quantity(quantity), value, ws, rank, [], None, True,
+                           "torch.float32", right or {})
+    return [n.key.split(".", 1)[1] for n in notes]
 
 
-def test_diagnosis_names_each_mistake_from_the_values_alone():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("zero_exercise", ROOT / "solutions" / EX / "exercise.py")
-    ex = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ex)
+def test_the_mistakes_table_names_each_mistake_from_the_values_alone():
+    from grader.exercise.reference import outcome
+    step = EXERCISE.step
     for ws in WS:
-        s = ex.shard_size(ws)
-        mine = slice(s, 2 * s)
-        right_params, right_momentum = ex.simulate(ws)[0], ex.simulate(ws)[1][mine]
-        assert _diagnose("params", right_params, ws, outcome="not_collective") == []
-        assert _diagnose("momentum", right_momentum, ws, outcome="not_collective") == []
-        assert _diagnose("params", ex.simulate(ws, divide=False)[0], ws) == ["cause.not_divided"]
-        assert _diagnose("momentum", ex.simulate(ws, divide=False)[1][mine], ws) == ["cause.not_divided"]
-        assert _diagnose("params", ex.simulate(ws, carry=False)[0], ws) == ["cause.momentum_reset"]
-        assert _diagnose("params", ex.simulate(ws, own_gradient=True)[0], ws) == ["cause.local_update"]
-        for base in ("first", "next", "previous"):
-            assert _diagnose("params", ex.simulate(ws, base=base)[0], ws) == ["cause.wrong_shard"]
-        assert _diagnose("params", ex.simulate(ws, steps=1)[0], ws) == ["cause.one_step"]
-        assert _diagnose("momentum", ex.simulate(ws, steps=1)[1][mine], ws) == ["cause.one_step"]
-        assert _diagnose("params", ex.simulate(ws, sign=-1.0)[0], ws) == ["cause.sign_flipped"]
-        assert _diagnose("momentum", -right_momentum, ws) == ["cause.sign_flipped"]
-        assert _diagnose("params", ex.simulate(ws, reuse=True)[0], ws) == ["cause.gradient_reused"]
-        assert _diagnose("momentum", ex.simulate(ws, reuse=True)[1][mine], ws) == ["cause.gradient_reused"]
-        assert _diagnose("momentum", np.zeros(1030), ws) == ["cause.full_momentum"]
+        s = -(-1030 // ws)
+
+        def both(**knobs):
+            values = outcome(step, ws, **knobs)[1]
+            return values["params"], values["momentum"]
+        right_params, right_momentum = both()
+        assert _named("params", right_params * 1.5, ws) == []           # wrong in no way the table knows
+        assert _named("params", both(divide=False)[0], ws) == ["cause.not_divided"]
+        assert _named("momentum", both(divide=False)[1], ws) == ["cause.not_divided"]
+        assert _named("params", both(carry=False)[0], ws) == ["cause.momentum_reset"]
+        assert _named("params", both(carry=False)[0], ws, right={"momentum": True}) == ["cause.update_with_gradient"]
+        assert _named("params", both(own_gradient=True)[0], ws) == ["cause.local_update"]
+        for knobs in ({"first": True}, {"base": 1}, {"base": -1}):
+            assert _named("params", both(**knobs)[0], ws) == ["cause.wrong_shard"], knobs
+        assert _named("params", both(steps=1)[0], ws) == ["cause.one_step"]
+        assert _named("momentum", both(steps=1)[1], ws) == ["cause.one_step"]
+        assert _named("params", both(sign=-1.0)[0], ws) == ["cause.sign_flipped"]
+        assert _named("momentum", -right_momentum, ws) == ["cause.sign_flipped"]
+        assert _named("params", both(reuse=True)[0], ws) == ["cause.gradient_reused"]
+        assert _named("momentum", both(reuse=True)[1], ws) == ["cause.gradient_reused"]
+        assert _named("momentum", np.zeros(1030), ws) == ["cause.full_momentum"]
         if 1030 % ws:
-            assert _diagnose("momentum", np.zeros(1030 // ws), ws) == ["cause.padding"]
-            assert _diagnose("params", np.zeros(s * ws), ws) == ["cause.padding_kept"]
+            assert _named("momentum", np.zeros(1030 // ws), ws) == ["cause.padding"]
+            assert _named("params", np.zeros(s * ws), ws) == ["cause.padding_kept"]
             stale_tail = right_params.copy()
             stale_tail[-1] += 1.0
-            assert _diagnose("params", stale_tail, ws) == ["cause.padding"]
-        garbage = ex.simulate(ws)[1][(ws - 1) * s:].copy()   # the last rank's shard holds the padding
+            assert _named("params", stale_tail, ws) == ["cause.padding"]
+        garbage = outcome(step, ws)[ws - 1]["momentum"].copy()   # the last rank's shard holds the padding
         garbage[-1] = 7.0
-        assert _diagnose("momentum", garbage, ws, rank=ws - 1) == (["cause.padding_not_zero"] if 1030 % ws else [])
+        assert _named("momentum", garbage, ws, rank=ws - 1) == (["cause.padding_not_zero"] if 1030 % ws else [])
 
 
 # -- the first exercise pays nothing for this one ------------------------------------------------------
@@ -411,7 +377,7 @@ def test_the_first_exercise_path_is_unchanged():
     probe = "import sys; from grader.exercise import registry; registry.available(); print('torch' in sys.modules)"
     assert subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout == "False\n"
     first = registry.available()["dist_primitives"]
-    assert first.teach is None and first.diagnose is None
+    assert not first.teach and not first.mistakes and first.diagnose is None
     assert plan.perturbed_ops(first) == ("all_reduce", "all_gather")
     bench_src = (ROOT / "bench" / "bench.py").read_text(encoding="utf-8")
     templates = ast.literal_eval(next(node.value for node in ast.parse(bench_src).body

@@ -29,10 +29,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import validate
+from . import reference, validate
+from .mistakes import Mistake
 from .validate import DeclarationError
 
-COMBINES = ("mean", "sum", "concat", "root", "own", "custom")
+COMBINES = ("mean", "sum", "concat", "root", "own", "reference", "custom")
 # Check kinds, and what a check of each kind must set besides id, points and title ("a|b": one of them).
 # The judge decides each kind (verify/judge.py); a new kind is one line here.
 KINDS: dict[str, tuple[str, ...]] = {
@@ -64,6 +65,8 @@ class Quantity:
                        "mean" / "sum" (elementwise over ranks), "concat" (in rank order),
                        "root" (rank `root`'s data everywhere), "own" (each rank's own data: a state
                        it computes from what it received, with `local(rank, ws, ctx)`),
+                       "reference" (what the exercise's reference step leaves on that rank,
+                       exercise/reference.py: proven by replaying the step against the run),
                        "custom" (`expected` alone says)
     through            operations (comm.OPS names) the value must have come through; () for none
     expected(rank, ws) overrides the value `combine` implies (needed for "custom")
@@ -87,6 +90,7 @@ class Quantity:
     tolerance: str | None = None
     where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
     _expected: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    step: Callable | None = field(default=None, init=False, repr=False, compare=False)   # set by its Exercise
 
     def __post_init__(self):
         if self.where is None:
@@ -96,7 +100,7 @@ class Quantity:
             raise DeclarationError("declare.name", where, what="Quantity", value=repr(name))
         if self.combine not in COMBINES:
             raise DeclarationError("declare.combine", where, name=name, value=repr(self.combine), known=list(COMBINES))
-        if self.combine != "custom" and self.local is None:
+        if self.combine not in ("custom", "reference") and self.local is None:
             raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="local")
         if self.combine == "custom" and self.expected is None:
             raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="expected")
@@ -117,7 +121,7 @@ class Quantity:
     def uses_context(self) -> bool:
         """`local(rank, ws, ctx)`: the rank's own data depends on what it received (an optimizer step
         computed from reduce-scattered gradients, say): declared with context=True."""
-        return self.context
+        return self.context or self.combine == "reference"
 
     def local_options(self, rank: int, ws: int, ctx=None) -> list[np.ndarray]:
         """The rank's own data: one array, or several when `local` returns Alternatives (any will do)."""
@@ -142,6 +146,8 @@ class Quantity:
     def _expected_array(self, rank: int, ws: int):
         if self.expected is not None:
             return self.expected(rank, ws)
+        if self.combine == "reference":
+            return reference.outcome(self.step, ws)[rank][self.name]
         locals_ = [self.local_array(q, ws) for q in range(ws)]
         if self.combine == "mean":
             return np.mean(locals_, axis=0)
@@ -245,10 +251,13 @@ class Exercise:
     messages: dict = field(default_factory=dict)   # key -> (zh, en): the exercise's own words
     todo: tuple = ("", "")                 # what the stub's NotImplementedError asks for: (zh, en) for one
     #                                        TODO, or (Todo(...), ...) for several (the open ones are named)
+    step: Callable | None = None           # the reference step (exercise/reference.py): step(comm, rank, ws, **knobs)
+    #                                        -> {quantity: array}; quantities with combine="reference" are its
+    mistakes: tuple = ()                   # Mistake(...)s: the wrong answers the exercise names (exercise/mistakes.py)
     diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
     #                                        context: calls, value, outcome, error, returned (docs/exercises.md)
-    teach: Callable | None = None          # (run, ctx) -> [(key, params)]: the exercise's own lines in the
-    #                                        report's communication section (verify/teach.exercise_notes)
+    teach: tuple = ()                      # Teach(...)s: the exercise's own lines in the report's communication
+    #                                        section (exercise/teach.py)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called
     folder: str = ""                       # where the exercise was loaded from (set by the registry)
     where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
@@ -272,6 +281,11 @@ class Exercise:
         validate.ops("Exercise.forbidden", self.forbidden, where)
         for key, pair in (self.messages or {}).items():
             validate.words(f"Exercise.messages[{key!r}]", pair, where)
+        validate.step(self)
+        for quantity in self.quantities:
+            if quantity.combine == "reference":
+                object.__setattr__(quantity, "step", self.step)
+        validate.mistakes(self)
         if not validate.is_words(self.todo):
             if isinstance(self.todo, (str, Todo)) or not all(isinstance(t, Todo) for t in self.todo):
                 raise DeclarationError("declare.todo", where, value=repr(self.todo)[:80])

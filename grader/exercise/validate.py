@@ -177,3 +177,66 @@ def params(check) -> None:
             raise DeclarationError("declare.params", where, id=cid, field='params["node"]',
                                    value=f"{node} (does not divide the world size {check.world_size})")
         ops(f"Check({cid!r}).params['inside']", tuple(p.get("inside") or ()), where)
+
+
+def step(exercise) -> None:
+    """A reference step, where quantities are declared by one, runs on an ideal network at every world size
+    the checks use and returns each of those quantities."""
+    from . import reference
+    names = [q.name for q in exercise.quantities if q.combine == "reference"]
+    if not names:
+        return
+    if not callable(exercise.step):
+        raise DeclarationError("declare.needs_step", exercise.where, names=names)
+    for ws in sorted({c.world_size for c in exercise.checks if c.world_size}) or [2]:
+        try:
+            out = reference.outcome(exercise.step, ws)
+        except Exception as err:  # noqa: BLE001  (any error of the instructor's step is reported as such)
+            raise DeclarationError("declare.step_fails", _where_of(exercise.step, exercise.where), ws=ws,
+                                   error=f"{type(err).__name__}: {err}") from None
+        missing = [n for n in names if any(n not in values for values in out)]
+        if missing:
+            raise DeclarationError("declare.step_missing", _where_of(exercise.step, exercise.where), ws=ws, names=missing)
+
+
+def _where_of(fn, default):
+    code = getattr(fn, "__code__", None)
+    return (code.co_filename, code.co_firstlineno) if code is not None else default
+
+
+def mistake(m, conditions) -> None:
+    import re
+    where = m.where
+    if not isinstance(m.cause, str) or not m.cause.startswith("cause."):
+        raise DeclarationError("declare.mistake_cause", where, value=repr(m.cause))
+    given = [m.value is not None, bool(m.knobs), m.error is not None, m.shape is not None]
+    if sum(given) > 1 or not (any(given) or m.when):
+        raise DeclarationError("declare.mistake_kind", where, cause=m.cause)
+    if m.error is not None:
+        try:
+            re.compile(m.error)
+        except re.error as err:
+            raise DeclarationError("declare.mistake_regex", where, cause=m.cause, error=str(err)) from None
+    for condition in (*m.when, *m.tie):
+        if not isinstance(condition, conditions):
+            raise DeclarationError("declare.mistake_condition", where, cause=m.cause, value=repr(condition)[:80],
+                                   known=[c.__name__ for c in conditions])
+
+
+def mistakes(exercise) -> None:
+    """Each mistake names a cause the exercise words, a quantity it has, and knobs its step takes."""
+    for m in exercise.mistakes:
+        if not hasattr(m, "cause") or not hasattr(m, "knobs"):
+            raise DeclarationError("declare.items", exercise.where, what="Exercise.mistakes", kind="Mistake")
+        if m.cause not in (exercise.messages or {}):
+            raise DeclarationError("declare.mistake_words", m.where, cause=m.cause)
+        if m.quantity is not None:
+            quantity_named("Mistake.quantity", m.quantity, exercise.quantities, m.where)
+        if m.knobs:
+            if exercise.step is None:
+                raise DeclarationError("declare.needs_step", m.where, names=[m.cause])
+            params = inspect.signature(exercise.step).parameters
+            unknown = [k for k in m.knobs if k not in params]
+            if unknown:
+                raise DeclarationError("declare.mistake_knobs", m.where, cause=m.cause, unknown=unknown,
+                                       known=[p for p in list(params)[3:]])

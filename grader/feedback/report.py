@@ -32,6 +32,9 @@ def text_report(result: GradingResult, lang: str = "zh", staff: bool = False) ->
         lines.append("")
         lines.append(render("summary.output", {"rank": rank, "kept": min(len(text), OUTPUT_SHOWN), "total": total}, lang))
         lines += ["  | " + line for line in text[:OUTPUT_SHOWN].splitlines()]
+    if staff and result.staff:
+        lines.append("")
+        lines += [note(n, lang) for n in result.staff]
     if result.layers and (staff or any(layer_id in MISSING_LAYERS for layer_id in result.layers)):
         lines.append("")
         layers = render("list.comma", {}, lang).join(layer(layer_id, lang) for layer_id in result.layers)

@@ -46,6 +46,7 @@ def to_gradescope(result: GradingResult, lang: str = "zh") -> dict:
             "sandbox": result.layers,
             "grader_error": result.grader_error,
             "runs": result.runs,
+            "staff": [note(n, "en") for n in result.staff],
         },
     }
 

@@ -16,17 +16,9 @@ import numpy as np
 from ..model import Note, Outcome
 from ..switch import Call
 from ..records import How, RankRecord, RunOutcome
+from . import mistakes
+from .compare import all_close, close  # noqa: F401  (close: read by other modules through this one)
 from .observe import Value
-
-
-def close(a: np.ndarray, b: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype in ("torch.float16", "torch.bfloat16"):
-        return np.abs(a - b) <= 2e-2 + 1e-2 * np.abs(b)
-    return np.abs(a - b) <= 1e-6 + 1e-5 * np.abs(b)
-
-
-def all_close(values: np.ndarray | None, expected: np.ndarray, dtype: str) -> bool:
-    return values is not None and values.shape == expected.shape and bool(np.all(close(values, expected, dtype)))
 
 
 def preview(values, runs: int = 4) -> str:
@@ -307,6 +299,15 @@ def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecor
     also an exception, or right numbers that did not come through the communication. The context holds
     the rank's operations, its value, the outcome, if it raised, its error, and the rank's other
     quantities' values (`others`: name -> array, those it left)."""
+    if exercise.mistakes:
+        half = value.dtype in ("torch.float16", "torch.bfloat16")
+        tolerance = quantity.tolerance or ("torch.float32" if half else (value.dtype or "torch.float32"))
+        right = {q.name: (v is not None and v.data is not None and v.data.size == q.expected_array(record.rank, ws).size
+                          and all_close(v.data.reshape(-1), q.expected_array(record.rank, ws), tolerance))
+                 for q in exercise.quantities for v in [(others or {}).get(q.name)]}
+        return mistakes.named(exercise, quantity, value, ws, record.rank, record.calls,
+                              record.result.error if record.how in (How.RAISE, How.EXIT) else None,
+                              outcome is Outcome.WRONG, tolerance, right)
     if exercise.diagnose is None:
         return []
     context = {"calls": record.calls, "value": value, "outcome": outcome.value,
@@ -315,8 +316,9 @@ def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecor
                           if name != quantity.name and v is not None and v.data is not None}}
     try:
         extra = exercise.diagnose(quantity.name, value.data, ws, record.rank, context) or []
-    except Exception:  # noqa: BLE001  (an exercise's diagnosis never breaks grading)
-        extra = []
+    except Exception as err:  # noqa: BLE001  (an exercise's diagnosis never breaks grading; staff see why)
+        return [Note("staff.exercise_error", {"exercise": exercise.name, "what": "diagnose",
+                                              "error": f"{type(err).__name__}: {err}"})]
     return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # the exercise's own words
 
 

@@ -26,6 +26,7 @@ from . import diagnose
 from .observe import RunContext, RunView, Value
 from ..switch.perturb import perturbable
 from .provenance import Proof, Tracer
+from .replay import Replays
 
 
 @dataclass
@@ -106,10 +107,20 @@ class Judge:
                 # the same numbers have the same proof (a check of the final value: once for both)
                 same = (id(run), quantity.name, rank, value.dtype, value.data.tobytes())
                 if same not in self._proofs:
-                    self._proofs[same] = Tracer(self.view(run), quantity, _tolerance(quantity, value)).prove(rank, value.data)
+                    self._proofs[same] = self._prove(run, quantity, rank, value)
                 proof = self._proofs[same]
         self._proofs[key] = proof
         return proof
+
+    def _prove(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
+        """The tracer's proof, or for a quantity of the reference step, the step replayed against the run."""
+        dtype = _tolerance(quantity, value)
+        if quantity.combine != "reference":
+            return Tracer(self.view(run), quantity, dtype).prove(rank, value.data)
+        key = ("replays", id(run))
+        if key not in self._proofs:
+            self._proofs[key] = Replays(self.view(run), self.exercise.step)
+        return self._proofs[key].prove(rank, quantity.name, value.data.reshape(-1), dtype)
 
     def provenance(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> tuple[bool | None, Proof | None]:
         """True with the proof; False with the most telling failed proof; None: nothing observed."""
@@ -329,7 +340,8 @@ class Judge:
         if outcome is not Outcome.PASS:
             notes.extend(diagnose.call_causes(quantity, ws, record, run))
             if not explained:
-                notes.extend(diagnose.exercise_causes(self.exercise, quantity, value, ws, record, outcome))
+                others = {q.name: self.value(record, q.name)[0] for q in self.exercise.quantities}
+                notes.extend(diagnose.exercise_causes(self.exercise, quantity, value, ws, record, outcome, others))
         return record.rank, outcome, notes, details
 
     def _weights(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> list[Note]:
@@ -640,6 +652,8 @@ class Judge:
         operations what the exercise expects)."""
         run = next((r for r in runs.perturbed if any(self._proofs.get((id(r), quantity.name, q)) is proof
                                                      for q in range(runs.world_size))), None)
+        if quantity.combine == "reference":
+            return False    # the replay says what each rank's step sends, from what was delivered to it
         if run is None or not isinstance(rank, int) or not 0 <= rank < runs.world_size:
             return True
         try:
@@ -695,7 +709,9 @@ def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
     if finding.key == "contribution":
         params["sent"] = diagnose.preview(finding.params.get("sent"))
         params["own"] = diagnose.preview(finding.params.get("own"))
-        if quantity.uses_context:   # its own data is what it computes from what it received: no fixed values
+        # its own data is what it computes from what it received: no fixed values (a reference step's first
+        # operation sends the rank's own data, as the step computes it before anything arrived)
+        if quantity.uses_context and (quantity.combine != "reference" or finding.params.get("derived")):
             return [Note("why.contribution_derived", params)]
     if finding.key == "weights":
         params["missing"] = [str(s) for s in finding.params.get("missing") or []] or ["-"]

@@ -7,9 +7,13 @@ channel, and its times say nothing of a network, so they are never shown as band
 """
 from __future__ import annotations
 
+import math
+
 from ..comm import OPS
 from ..model import Note
 from ..records import RunOutcome
+from . import mistakes
+from .observe import RunContext, RunView
 
 
 def rate(volume: float, ms: float) -> str:
@@ -70,17 +74,94 @@ def teaching_notes(run: RunOutcome, exercise=None, real: RunOutcome | None = Non
     return notes if len(notes) > 1 else []
 
 
+class Facts:
+    """What the switch measured of one rank's operations (or of the run's), for an exercise's Teach lines."""
+
+    def __init__(self, run: RunOutcome, record=None):
+        self.run, self.ws = run, run.request.world_size
+        self.rank = record.rank if record is not None else None
+        self._calls = [c for c in (record.calls if record is not None else []) if c.completed and c.ok]
+        self._values = record.result.values if record is not None and record.result is not None else {}
+
+    def _of(self, op: str) -> list:
+        return [c for c in self._calls if c.op == op]
+
+    def count(self, op: str) -> int:
+        return len(self._of(op))
+
+    def bytes(self, op: str) -> int:
+        return sum(c.sent_bytes for c in self._of(op) if c.sends)
+
+    def elements(self, op: str) -> int:
+        return sum(c.sent_numel for c in self._of(op) if c.sends)
+
+    def dtypes(self, op: str) -> list[str]:
+        return sorted({d for c in self._of(op) if c.sends for d in c.sent_dtypes})
+
+    def first(self, op: str, delivered: bool = False) -> int:
+        calls = self._of(op)
+        return 0 if not calls else calls[0].delivered_bytes if delivered else calls[0].sent_bytes
+
+    def ring(self, op: str, size: int | None = None, delivered: bool = False) -> int:
+        return int(ring_volume(op, self.ws, self.first(op, delivered) if size is None else size)[0])
+
+    def held(self, quantity: str) -> int:
+        value = self._values.get(quantity) if isinstance(self._values, dict) else None
+        shape = value.get("shape") if isinstance(value, dict) and value.get("kind") == "tensor" else None
+        return int(math.prod(shape)) if isinstance(shape, list) else 0
+
+    def crossed(self, node: int) -> int:
+        """Bytes the run's ranks sent in operations whose ranks lie in more than one node."""
+        total = 0
+        for record in self.run.ranks:
+            for call in record.calls:
+                if not (call.completed and call.ok and call.sends):
+                    continue
+                ranks = set(call.group)
+                if call.op == "send":
+                    peer = call.group[call.peer] if call.peer is not None and call.peer < len(call.group) else record.rank
+                    ranks = {record.rank, peer}
+                if len({r // node for r in ranks}) > 1:
+                    total += call.sent_bytes
+        return total
+
+
 def exercise_notes(exercise, run: RunOutcome) -> list[Note]:
-    """The exercise's own lines about this run (`Exercise.teach(run, ctx)`, ctx a verify.observe.RunContext),
-    its keys under its name. An exercise's teaching never breaks grading."""
-    if exercise.teach is None:
+    """The exercise's own lines about this run (its Teach declarations), its keys under its name. A line
+    whose `say` fails is left out (the report goes on) and noted for staff."""
+    if not exercise.teach:
         return []
-    from .observe import RunContext, RunView
-    try:
-        extra = exercise.teach(run, RunContext(RunView(run))) or []
-    except Exception:  # noqa: BLE001
-        return []
-    return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]
+    if callable(exercise.teach):
+        try:
+            extra = exercise.teach(run, RunContext(RunView(run))) or []
+        except Exception:  # noqa: BLE001
+            return []
+        return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]
+    lessons = list(exercise.teach)
+    ranked = [i for i, lesson in enumerate(lessons) if lesson.per == "rank"]
+    before = [x for x in lessons[:ranked[0]]] if ranked else lessons
+    after = lessons[ranked[-1] + 1:] if ranked else []
+    # the run's lines before the first per-rank line, then each rank's lines, then the run's last lines
+    order = [(lesson, Facts(run)) for lesson in before if lesson.per == "run"]
+    order += [(lesson, Facts(run, record)) for record in run.ranks for lesson in lessons if lesson.per == "rank"]
+    order += [(lesson, Facts(run)) for lesson in after if lesson.per == "run"]
+    notes = []
+    for lesson, facts in order:
+        if lesson.held and not facts.held(lesson.held):
+            continue
+        if not all(mistakes.holds(c, facts.rank or 0, facts.ws, facts._calls, None, {}) for c in lesson.when):
+            continue
+        try:
+            if lesson.only is not None and not lesson.only(facts):
+                continue
+            params = {"ws": facts.ws, **({"rank": facts.rank} if facts.rank is not None else {}),
+                      **(lesson.say(facts) if lesson.say is not None else {})}
+        except Exception as err:  # noqa: BLE001  (an exercise's line never breaks grading)
+            notes.append(Note("staff.exercise_error", {"exercise": exercise.name, "what": lesson.key,
+                                                       "error": f"{type(err).__name__}: {err}"}))
+            continue
+        notes.append(Note(f"{exercise.name}.{lesson.key}", params))
+    return notes if any(not n.key.startswith("staff.") and n.key != f"{exercise.name}.teach.header" for n in notes) else []
 
 
 def _peers(calls) -> list[str]:
