@@ -101,13 +101,20 @@ def worker_source(path: Path) -> str:
 
 def diagnose(exercise, quantity: str, values, ws: int, rank: int, calls=(), outcome: str = "wrong",
              dtype: str = "torch.float32", error=None) -> list[str]:
-    """The exercise's own causes for synthetic values (no processes)."""
+    """The causes the exercise's table of mistakes names for synthetic values (no processes): `calls` as the
+    switch would record them (a SimpleNamespace needs only what the conditions read: op, sends, reduce,
+    sent_values; it completed)."""
     import numpy as np
+    from types import SimpleNamespace
+    from grader.verify import mistakes
     from grader.verify.observe import Value
     data = np.asarray(values, dtype=float).reshape(-1)
     value = Value("tensor", True, "Tensor", dtype, [int(data.size)], data)
-    context = {"calls": list(calls), "value": value, "outcome": outcome, "error": error, "returned": error is None}
-    return [key for key, _ in exercise.diagnose(quantity, data, ws, rank, context)]
+    recorded = [SimpleNamespace(**{"completed": True, "ok": True, "reduce": None, "sends": False, "inputs": [],
+                                   "outputs": [], "sent_values": lambda: [], **vars(c)}) for c in calls]
+    notes = mistakes.named(exercise, exercise.quantity(quantity), value, ws, rank, recorded, error,
+                           outcome == "wrong", exercise.quantity(quantity).tolerance or "torch.float32", {})
+    return [n.key.split(".", 1)[1] for n in notes]
 
 
 def notebook_matches_solution(ex: str, given_names: tuple[str, ...]) -> None:

@@ -281,13 +281,13 @@ def test_the_data_makes_float16_and_float32_answers_alike_to_the_value_check():
     """The float16 answer is not exact (it differs from the float32 mean everywhere) but is within float16's
     tolerance; the weights updated in float32 from it stay within float32's; in float16 they do not."""
     for ws in WS:
-        mean = DECL.mean_gradient(ws)
+        mean = DECL.mean(ws)
         half = np.sum([DECL.gradient(q).astype(np.float16) for q in range(ws)], axis=0).astype(np.float64) / ws
         assert np.all(half != mean) and all_close(half, mean, "torch.float16") and not all_close(half, mean, "torch.float32")
         start = DECL.initial_weights().reshape(-1)
-        assert all_close(start - DECL.LR * half, DECL.expected_weights(0, ws), "torch.float32")
+        assert all_close(start - DECL.LR * half, (DECL.initial_weights() - DECL.LR * DECL.mean(ws)), "torch.float32")
         in_half = (start.astype(np.float16) - (DECL.LR * half).astype(np.float16)).astype(np.float64)
-        assert not all_close(in_half, DECL.expected_weights(0, ws), "torch.float32")
+        assert not all_close(in_half, (DECL.initial_weights() - DECL.LR * DECL.mean(ws)), "torch.float32")
 
 
 def test_the_numpy_data_is_what_torch_computes():
@@ -299,14 +299,14 @@ def test_the_numpy_data_is_what_torch_computes():
         x, y = namespace["batch"](rank)
         F.mse_loss(model(x), y).backward()
         assert np.allclose(model.weight.grad.double().numpy().reshape(-1), DECL.gradient(rank), rtol=1e-5, atol=1e-7)
-    assert np.allclose(namespace["make_model"]().weight.detach().double().numpy(), DECL.initial_weights(), rtol=2e-7, atol=0)
+    assert np.allclose(namespace["make_model"]().weight.detach().double().numpy(), DECL.initial_weights().reshape(DECL.OUT_FEATURES, DECL.IN_FEATURES), rtol=2e-7, atol=0)
 
 
 def test_diagnosis_names_each_mistake_from_its_values():
     for ws in WS:
-        mean, start = DECL.mean_gradient(ws), DECL.initial_weights().reshape(-1)
+        mean, start = DECL.mean(ws), DECL.initial_weights().reshape(-1)
         assert suite.diagnose(EXERCISE, "grad", mean, ws, 1) == []
-        assert suite.diagnose(EXERCISE, "weights", DECL.expected_weights(1, ws), ws, 1) == []
+        assert suite.diagnose(EXERCISE, "weights", (DECL.initial_weights() - DECL.LR * DECL.mean(ws)), ws, 1) == []
         assert suite.diagnose(EXERCISE, "grad", ws * mean, ws, 1) == ["cause.not_divided"]
         assert suite.diagnose(EXERCISE, "grad", mean / ws, ws, 1) == ["cause.divided_twice"]
         assert suite.diagnose(EXERCISE, "weights", start - DECL.LR * ws * mean, ws, 1) == ["cause.not_divided"]
@@ -314,7 +314,7 @@ def test_diagnosis_names_each_mistake_from_its_values():
         assert suite.diagnose(EXERCISE, "weights", start, ws, 1) == ["cause.no_update"]
         half = (start.astype(np.float16) - (DECL.LR * mean).astype(np.float16)).astype(np.float64)
         assert suite.diagnose(EXERCISE, "weights", half, ws, 1) == ["cause.weights_in_half"]
-        assert suite.diagnose(EXERCISE, "weights", DECL.expected_weights(1, ws), ws, 1, dtype="torch.float16") == [
+        assert suite.diagnose(EXERCISE, "weights", (DECL.initial_weights() - DECL.LR * DECL.mean(ws)), ws, 1, dtype="torch.float16") == [
             "cause.weights_in_half"]
         # the rank's own gradient after an all_reduce that completed: its result (on a .half() copy) never read;
         # without the all_reduce, nothing is said of a copy
@@ -341,7 +341,7 @@ HALF_DTYPES = ("torch.float16", "torch.bfloat16")
 def test_fit_reads_honest_half_sends_at_any_scale():
     """The gradient scaled by anything (1/N before or after the cast, a loss scale, 2^15), rounded once or
     twice in float16 or bfloat16: its own data, with the scale as coefficient."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     for rank in range(4):
         g = DECL.gradient(rank)
         for dtype in HALF_DTYPES:
@@ -356,7 +356,7 @@ def test_fit_reads_honest_half_sends_at_any_scale():
 def test_fit_reads_small_honest_gradients_and_float16_subnormals():
     """A rank's own data can be small: the tolerance scales with it. Down to float16's subnormal range
     (below 2^-14 = 6.1e-5 every element is rounded to a multiple of 2^-24), an honest send still fits."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     g = DECL.gradient(1)
     for small in (1e-2, 1e-3, 1e-4, 2e-5):
         own = small * g                          # the rank's own data, small
@@ -373,7 +373,7 @@ def test_fit_refuses_tiny_junk_whatever_its_size():
     """The red team's send (fixtures cheats/c06): one repeated constant, ~1e-3, that a fixed absolute
     tolerance of 2e-2 once credited as eps x the gradient. Relative to what was sent it is ~100% something
     else, at every size; so is rounding noise in float16's subnormal range."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     for rank in range(4):
         g = DECL.gradient(rank)
         eps = 5e-4 * (g @ g) / g.sum()
@@ -387,9 +387,9 @@ def test_fit_refuses_tiny_junk_whatever_its_size():
 def test_fit_refuses_sends_mostly_something_else():
     """Another rank's gradient, the mean (laundering), the weights, or the gradient with 10% of something
     else: none is this rank's gradient, at any scale."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     g, other = DECL.gradient(0), DECL.gradient(1)
-    mean = DECL.mean_gradient(2)
+    mean = DECL.mean(2)
     for foreign in (other, mean, DECL.initial_weights().reshape(-1), g + 0.1 * np.linalg.norm(g) * np.sin(np.arange(g.size)) / 8):
         for dtype in HALF_DTYPES:
             for scale in (1.0, 1 / 4, 1e-3, 1024.0):
@@ -399,7 +399,7 @@ def test_fit_refuses_sends_mostly_something_else():
 def test_fit_is_the_same_at_every_scale():
     """The rule has no absolute floor (but float16's subnormal step): fit(s x sent) fits exactly when
     fit(sent) does, with s x its coefficients (float64 sends, no rounding)."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     g, other = DECL.gradient(2), DECL.gradient(3)
     for sent in (3 * g, 0.999 * g + 1e-3 * other, g + 0.3 * other, np.ones(DECL.NUMEL)):
         verdicts = set()
@@ -414,7 +414,7 @@ def test_fit_is_the_same_at_every_scale():
 def test_foreign_sends_names_what_was_measured():
     """The exercise's cause (cause.sent_not_own) reads a run's records: an all_reduce of the gradient's
     size whose send is not the rank's gradient as fit() reads it; a loss all-reduced beside it is not one."""
-    from grader.exercise.linear import foreign_sends
+    from grader.verify.linear import foreign_sends
     from grader.switch.record import Call
 
     def all_reduce(seq, values, at):

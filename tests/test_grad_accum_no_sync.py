@@ -15,6 +15,7 @@ import re
 import shutil
 
 import numpy as np
+from types import SimpleNamespace
 import pytest
 
 import exercise_suite as suite
@@ -173,16 +174,19 @@ def test_the_count_names_what_was_counted(mistakes):
 
 def test_the_account_compares_with_one_sync_per_micro_batch():
     """Syncing every micro-batch sends K times the whole gradient, however the step's all-reduces were cut."""
-    from types import SimpleNamespace
+    from grader.records import RankRecord, RunOutcome, RunRequest
+    from grader.switch import Call
+    from grader.verify.teach import exercise_notes
 
-    def call(numel):
-        return SimpleNamespace(op="all_reduce", completed=True, ok=True, sent_numel=numel, sent_bytes=4 * numel)
+    def call(seq, numel):
+        return Call(rank=0, seq=seq, method="allreduce", op="all_reduce", group=(0, 1), sends=True, receives=True,
+                    inputs=[{"dtype": "torch.float32", "numel": numel}], completed=True, ok=True)
     for cut in ([DECL.NUMEL], [17, DECL.NUMEL - 17], [DECL.NUMEL] * DECL.K):
-        run = SimpleNamespace(request=SimpleNamespace(world_size=2),
-                              ranks=[SimpleNamespace(rank=0, calls=[call(n) for n in cut])])
-        (_, header), (_, line) = DECL.teach(run, None)
-        assert line == {"rank": 0, "count": len(cut), "bytes": 4 * sum(cut), "k": DECL.K,
-                        "every": DECL.K * 4 * DECL.NUMEL}, (cut, line)
+        record = RankRecord(0)
+        record.calls = [call(i, n) for i, n in enumerate(cut)]
+        header, line = exercise_notes(EXERCISE, RunOutcome(RunRequest(world_size=2, source="", filename="s.py"), [record]))
+        assert line.params == {"ws": 2, "rank": 0, "count": len(cut), "bytes": 4 * sum(cut), "k": DECL.K,
+                               "every": DECL.K * 4 * DECL.NUMEL}, (cut, line)
 
 
 @pytest.mark.timeout(200)
@@ -314,37 +318,41 @@ def test_the_numpy_data_is_what_torch_computes():
             assert np.array_equal(model.weight.grad.double().numpy().reshape(-1), DECL.micro_gradient(rank, k))
 
 
-def test_diagnosis_names_each_mistake_from_its_values():
+TWICE = {"cause.divided_by_ws_twice", "cause.averaged_then_divided", "cause.summed_divided_twice"}
+
+
+def test_the_mistakes_table_names_each_mistake_from_its_values():
+    by_hand = [SimpleNamespace(op="all_reduce", sends=True, reduce="SUM", sent_values=lambda: [DECL.own_mean(1)])]
     for ws in WS:
-        assert suite.diagnose(EXERCISE, "grad", DECL.expected_grad(1, ws), ws, 1) == []
-        patterns = DECL.mistakes(1, ws)
+        assert suite.diagnose(EXERCISE, "grad", DECL.right(1, ws), ws, 1, outcome="not_collective") == []
+        patterns = [(m.cause, m.value(1, ws)) for m in EXERCISE.mistakes if m.value is not None
+                    and (m.ws is None or m.ws(ws))]
         for key, values in patterns:
-            found = suite.diagnose(EXERCISE, "grad", values, ws, 1)
+            found = suite.diagnose(EXERCISE, "grad", values, ws, 1, by_hand if key == "cause.summed_divided_twice" else ())
             if ws != DECL.K:
-                assert found == [key], (ws, key, found)
+                assert key in found and len(found) == 1 or key == "cause.averaged_then_divided", (ws, key, found)
             else:
-                assert key in found, (ws, key, found)
+                assert found, (ws, key, found)
         if ws != DECL.K:   # no two mistakes alike (the same cause may have two forms)
             for (k1, v1), (k2, v2) in zip(patterns, patterns[1:]):
-                assert k1 == k2 or not np.allclose(v1, v2, rtol=1e-4, atol=1e-6), (ws, k1, k2)
+                assert k1 == k2 or not np.allclose(v1, v2, rtol=1e-4, atol=1e-6) or {k1, k2} <= TWICE, (ws, k1, k2)
 
 
 def test_at_n_equal_k_what_the_rank_sent_tells_the_factors_apart():
     """N = K = 4: a gradient 4 times too large is K's with DDP (it divides by N itself) or when the rank sent
     its sum; N's when it sent its own mean. One 4 times too small is N's when the rank sent its own mean, and
     either's when it sent its mean / 4."""
-    from types import SimpleNamespace
     ws, rank = 4, 1
     mean = DECL.own_mean(rank)
 
     def sent(values, op="all_reduce"):
         return SimpleNamespace(op=op, sends=True, sent_values=lambda: [values])
-    big = DECL.K * DECL.expected_grad(rank, ws)
+    big = DECL.K * DECL.right(rank, ws)
     broadcast = SimpleNamespace(op="broadcast", sends=False, sent_values=lambda: [])
     assert suite.diagnose(EXERCISE, "grad", big, ws, rank, [broadcast, sent(mean / ws)]) == ["cause.not_divided_by_k"]
     assert suite.diagnose(EXERCISE, "grad", big, ws, rank, [sent(DECL.K * mean)]) == ["cause.not_divided_by_k"]
     assert suite.diagnose(EXERCISE, "grad", big, ws, rank, [sent(mean)]) == ["cause.not_divided_by_ws"]
-    small = DECL.expected_grad(rank, ws) / DECL.K
+    small = DECL.right(rank, ws) / DECL.K
     # its mean / K is its mean / N too: one division too many, not which
     assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [sent(mean / DECL.K)]) == ["cause.divided_once_too_often"]
     assert suite.diagnose(EXERCISE, "grad", small, ws, rank, [sent(mean)]) == ["cause.summed_divided_twice"]
@@ -368,14 +376,14 @@ def _tiny_launder(rank: int, ws: int, eps: float, lam: float = 1.0) -> np.ndarra
     """The red team's send (fixtures cheats/c05, c06): eps x (the local answer T + the part of the rank's
     micro-gradient span that makes the least-squares fit find lam on each micro-batch)."""
     own = np.stack(_micro(rank), axis=1)
-    answer = DECL.expected_grad(rank, ws)
+    answer = DECL.right(rank, ws)
     return _f32(eps * (answer + own @ (lam * np.ones(DECL.K) - np.linalg.pinv(own) @ answer)))
 
 
 def test_fit_reads_honest_float32_sends():
     """The micro-batch gradients summed in any order, divided by K, N or N K before or after, in float32;
     or added to what an earlier all-reduce delivered (an all-reduce per micro-batch): its own data."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     for ws in (2, 3, 4):
         for rank in range(ws):
             micro = _micro(rank)
@@ -395,7 +403,7 @@ def test_fit_reads_honest_float32_sends():
 def test_fit_reads_small_honest_gradients():
     """A rank's own data can be small (1e-6, 1e-20 of these): the tolerance scales with it, so its
     float32 sum still fits with the same coefficients."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     for small in (1e-3, 1e-6, 1e-20):
         micro = [small * m for m in _micro(1)]
         sent = _f32(sum(m.astype(np.float32) for m in micro) / DECL.K)
@@ -407,7 +415,7 @@ def test_fit_refuses_the_tiny_launder_at_every_size():
     """cheats/c05 and c06 once fitted under float32's absolute floor of 1e-5: at 1e-6 of the answer's
     size, the part outside the rank's micro-gradients (~10% of the send, or ~99%) sat below it. Relative
     to what was sent it is far beyond float32's rounding, at 1e-6 as at 1."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     for ws in (2, 3, 4):
         for rank in range(ws):
             for lam in (1.0, 0.01):
@@ -418,10 +426,10 @@ def test_fit_refuses_the_tiny_launder_at_every_size():
 def test_fit_refuses_sends_mostly_something_else():
     """The local answer (laundering), another rank's micro-batches, the weight, or the own sum with 1% of
     something else: none is this rank's data, at any scale (float32 allows 1e-4 of the send)."""
-    from grader.exercise.linear import fit
+    from grader.verify.linear import fit
     micro = _micro(0)
     own = sum(micro) / DECL.K
-    for foreign in (DECL.expected_grad(0, 2), sum(_micro(1)), DECL.initial_weight().reshape(-1),
+    for foreign in (DECL.right(0, 2), sum(_micro(1)), DECL.initial_weight().reshape(-1),
                     own + 1e-2 * np.linalg.norm(own) * np.cos(np.arange(own.size))):
         for scale in (1e-8, 1e-3, 1.0, 1e4):
             assert fit(_f32(scale * foreign), micro, "torch.float32") is None, scale

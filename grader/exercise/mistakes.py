@@ -22,6 +22,8 @@ sent), never code the exercise runs on a record:
                                 elements of what was sent), within float32's rounding; scales: numbers, or
                                 "N" / "1/N"
     NotSent(op, own, scales)    the rank's `op` calls sent something, never that
+    NotOwn(op)                  (a Linear quantity) some `op` of the rank sent what is not a combination of its
+                                own vectors and of what it was delivered before
     Right(quantity)             the rank's value of another quantity is right
     Dtype("torch.float16", ...) the value's dtype is one of these
     Representable(dtype)        every number of the value is one of dtype's (float16 arithmetic, say)
@@ -75,6 +77,11 @@ class NotSent:
 
 
 @dataclass(frozen=True)
+class NotOwn:
+    op: str
+
+
+@dataclass(frozen=True)
 class Right:
     quantity: str
 
@@ -92,7 +99,7 @@ class Representable:
     dtype: str
 
 
-CONDITIONS = (Ran, NotRan, Failed, Reduce, Sent, NotSent, Right, Dtype, Representable)
+CONDITIONS = (Ran, NotRan, Failed, Reduce, Sent, NotSent, NotOwn, Right, Dtype, Representable)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,30 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class Linear:
+    """A quantity that is a fixed combination of every rank's own vectors, whatever the operations in between:
+    start(ws) + factor x weight(ws) x the sum over ranks q and vectors j of own(q, ws)[j]. Proven from what the
+    all-reduces of a perturbed run delivered (verify/linear.py), whatever multiple each rank sent (1 / K, a loss
+    scale, DDP's 1 / N) and however many all-reduces it took (one, one per vector, DDP's buckets): what a rank
+    sent must be a combination of its own vectors and of what earlier all-reduces delivered to it."""
+    own: Callable[[int, int], Sequence]
+    weight: Callable[[int], float]
+    start: Callable[[int], Sequence[float]] | None = None
+    factor: float = 1.0
+
+    def vectors(self, rank: int, ws: int) -> list[np.ndarray]:
+        return [np.asarray(v, dtype=np.float64).reshape(-1) for v in self.own(rank, ws)]
+
+    def value(self, ws: int, combination: np.ndarray) -> np.ndarray:
+        start = np.asarray(self.start(ws), dtype=np.float64).reshape(-1) if self.start is not None else 0.0
+        return start + self.factor * combination
+
+    def expected(self, ws: int) -> np.ndarray:
+        total = np.sum([v for q in range(ws) for v in self.vectors(q, ws)], axis=0)
+        return self.value(ws, self.weight(ws) * total)
+
+
 class Alternatives(tuple):
     """What `Quantity.local` returns when a rank's own data may be any of several arrays (two honest
     ways to compute it): Alternatives(a, b)."""
@@ -98,9 +122,9 @@ class Quantity:
         where, name = self.where, self.name
         if not isinstance(name, str) or not name.isidentifier():
             raise DeclarationError("declare.name", where, what="Quantity", value=repr(name))
-        if self.combine not in COMBINES:
+        if not isinstance(self.combine, Linear) and self.combine not in COMBINES:
             raise DeclarationError("declare.combine", where, name=name, value=repr(self.combine), known=list(COMBINES))
-        if self.combine not in ("custom", "reference") and self.local is None:
+        if self.combine not in ("custom", "reference") and not isinstance(self.combine, Linear) and self.local is None:
             raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="local")
         if self.combine == "custom" and self.expected is None:
             raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="expected")
@@ -121,7 +145,7 @@ class Quantity:
     def uses_context(self) -> bool:
         """`local(rank, ws, ctx)`: the rank's own data depends on what it received (an optimizer step
         computed from reduce-scattered gradients, say): declared with context=True."""
-        return self.context or self.combine == "reference"
+        return self.context or self.combine == "reference" or isinstance(self.combine, Linear)
 
     def local_options(self, rank: int, ws: int, ctx=None) -> list[np.ndarray]:
         """The rank's own data: one array, or several when `local` returns Alternatives (any will do)."""
@@ -148,6 +172,8 @@ class Quantity:
             return self.expected(rank, ws)
         if self.combine == "reference":
             return reference.outcome(self.step, ws)[rank][self.name]
+        if isinstance(self.combine, Linear):
+            return self.combine.expected(ws)
         locals_ = [self.local_array(q, ws) for q in range(ws)]
         if self.combine == "mean":
             return np.mean(locals_, axis=0)

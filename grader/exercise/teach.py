@@ -9,6 +9,7 @@ record the exercise reads itself. The facts (verify/teach.Facts):
     f.ws, f.rank                 the world size; the rank (per="rank")
     f.count(op), f.bytes(op)     how many `op` calls completed, the bytes the rank sent in them
     f.first(op)                  the bytes the rank's first `op` sent (delivered=True: was delivered)
+    f.itemsize(op)               the bytes of one element its first `op` sent
     f.elements(op), f.dtypes(op) the elements it sent in them; the dtypes it sent, sorted
     f.ring(op, size=None)        what a ring algorithm sends per rank for `op` on `size` bytes (default: its
                                  first call's), 2(N-1)/N x S for an all-reduce (grader/comm.py)

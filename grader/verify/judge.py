@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..comm import OPS
-from ..exercise.spec import Check, Exercise, Quantity
+from ..exercise.spec import Check, Exercise, Linear, Quantity
 from ..model import CheckResult, Note, Outcome
 from ..records import How, RankRecord, RunOutcome
 from ..wire import HALF
@@ -26,6 +26,7 @@ from . import diagnose
 from .observe import RunContext, RunView, Value
 from ..switch.perturb import perturbable
 from .provenance import Proof, Tracer
+from .linear import LinearProof
 from .replay import Replays
 
 
@@ -115,6 +116,11 @@ class Judge:
     def _prove(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
         """The tracer's proof, or for a quantity of the reference step, the step replayed against the run."""
         dtype = _tolerance(quantity, value)
+        if isinstance(quantity.combine, Linear):
+            key = ("linear", id(run), quantity.name)
+            if key not in self._proofs:
+                self._proofs[key] = LinearProof(self.view(run), quantity.combine)
+            return self._proofs[key].prove(rank, value.data.reshape(-1), dtype)
         if quantity.combine != "reference":
             return Tracer(self.view(run), quantity, dtype).prove(rank, value.data)
         key = ("replays", id(run))

@@ -12,7 +12,9 @@ import re
 import numpy as np
 
 from ..exercise import reference
-from ..exercise.mistakes import Dtype, Failed, NotRan, NotSent, Ran, Reduce, Representable, Right, Sent
+from ..exercise.mistakes import Dtype, Failed, NotOwn, NotRan, NotSent, Ran, Reduce, Representable, Right, Sent
+from ..exercise.spec import Linear
+from .linear import foreign_sends
 from ..model import Note
 from .compare import all_close
 
@@ -45,7 +47,7 @@ def _called_with(call, condition, ws: int) -> bool:
     return any(n in sizes for n in wanted) or (condition.uneven and len(listed) > 1 and len(set(listed)) > 1)
 
 
-def holds(condition, rank: int, ws: int, calls: list, value, right: dict) -> bool:
+def holds(condition, rank: int, ws: int, calls: list, value, right: dict, quantity=None) -> bool:
     """Whether one condition holds of the rank's run (its calls as the switch recorded them) and value;
     `right`: whether each of the rank's quantities is right."""
     done = [c for c in calls if c.completed and c.ok]
@@ -62,6 +64,11 @@ def holds(condition, rank: int, ws: int, calls: list, value, right: dict) -> boo
     if isinstance(condition, NotSent):
         some, hit = _sent(condition, rank, ws, done)
         return some and not hit
+    if isinstance(condition, NotOwn):
+        if quantity is None or not isinstance(quantity.combine, Linear):
+            return False
+        own = quantity.combine.vectors(rank, ws)
+        return bool(foreign_sends([c for c in calls if c.op == condition.op], own, own[0].size if own else 0))
     if isinstance(condition, Right):
         return bool(right.get(condition.quantity))
     if isinstance(condition, Dtype):
@@ -106,7 +113,7 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
             continue
         if mistake.ws is not None and not mistake.ws(ws):
             continue
-        if not all(holds(c, rank, ws, calls, value, right) for c in mistake.when):
+        if not all(holds(c, rank, ws, calls, value, right, quantity) for c in mistake.when):
             continue
         if mistake.error is not None:
             if error and re.search(mistake.error, message):
@@ -127,7 +134,7 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
         twins = [m for m, v in by_value if v.size == variant.size and np.allclose(v, variant, rtol=1e-9, atol=1e-12,
                                                                                   equal_nan=True)]
         if len(twins) > 1:
-            preferred = [m for m in twins if m.tie and all(holds(c, rank, ws, calls, value, right) for c in m.tie)]
+            preferred = [m for m in twins if m.tie and all(holds(c, rank, ws, calls, value, right, quantity) for c in m.tie)]
             preferred = preferred or [m for m in twins if not m.tie] or twins
             if mistake not in preferred:
                 continue

@@ -29,6 +29,7 @@ import numpy as np
 from ..switch import Call
 from ..switch.perturb import perturbable
 from .diagnose import at
+from .proof import Finding, Proof, tolerance
 from .observe import RunContext, RunView
 
 MAX_DEPTH = 12
@@ -45,27 +46,6 @@ ELEMENTS_BASE, ELEMENTS_PER = 20_000_000, 200
 
 class _TooComplex(Exception):
     pass
-
-
-@dataclass
-class Finding:
-    """Why a value is not proven: `key` names the reason (catalog `why.<key>`), `params` its specifics."""
-    key: str
-    params: dict = field(default_factory=dict)
-
-
-@dataclass
-class Proof:
-    ok: bool
-    finding: Finding | None = None
-    calls: list[Call] = field(default_factory=list)    # the operations the value came through, in order
-
-
-def tolerance(dtype: str) -> tuple[float, float]:
-    """(absolute, relative) tolerance for comparing values of this dtype."""
-    if dtype in ("torch.float16", "torch.bfloat16"):
-        return 2e-2, 2e-2
-    return 1e-6, 2e-5
 
 
 @dataclass

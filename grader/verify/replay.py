@@ -31,7 +31,7 @@ import numpy as np
 
 from ..exercise.reference import Comm, Op, StepError, TIMEOUT_S, run_ranks
 from .observe import RunView
-from .provenance import Finding, Proof, tolerance
+from .proof import Finding, Proof, tolerance
 
 RECEIVERS = {"all_reduce": ("all_reduce",), "reduce_scatter": ("reduce_scatter",), "all_gather": ("all_gather",),
              "broadcast": ("broadcast",), "send": ("send",), "recv": ("recv",)}

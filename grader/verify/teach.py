@@ -102,6 +102,11 @@ class Facts:
         calls = self._of(op)
         return 0 if not calls else calls[0].delivered_bytes if delivered else calls[0].sent_bytes
 
+    def itemsize(self, op: str) -> int:
+        """The bytes of one element the rank's first `op` sent."""
+        calls = [c for c in self._of(op) if c.sends]
+        return calls[0].sent_bytes // max(1, calls[0].sent_numel) if calls else 0
+
     def ring(self, op: str, size: int | None = None, delivered: bool = False) -> int:
         return int(ring_volume(op, self.ws, self.first(op, delivered) if size is None else size)[0])
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..switch.perturb import perturbable
+from .proof import Finding, Proof, tolerance
 
 HALF = ("torch.float16", "torch.bfloat16")
 
@@ -247,3 +248,38 @@ class _Buckets:
 
     def delivered_values(self) -> list:
         return [v for m in self.members for v in m.delivered_values()]
+
+
+class LinearProof:
+    """A Linear quantity's proof on one perturbed run: the value must be one this rank can make from what its
+    all-reduces delivered (LinearRun.values), with the declared weight on every rank's own vectors."""
+
+    def __init__(self, view, linear):
+        self.view, self.linear, self.ws = view, linear, view.ws
+        own = [linear.vectors(q, self.ws) for q in range(self.ws)]
+        self.own, self.numel = own, own[0][0].size if own and own[0] else 0
+        self.run = LinearRun(SimpleNamespace(view=view, world_size=self.ws), lambda q: own[q], self.numel)
+
+    def prove(self, rank: int, value: np.ndarray, dtype: str) -> Proof:
+        atol, rtol = tolerance(dtype)
+        target = np.full(sum(len(v) for v in self.own), float(self.linear.weight(self.ws)))
+        made = [self.linear.value(self.ws, combination) for combination in self.run.values(rank, target)]
+        calls = [c for c in self.run.calls(rank) if not isinstance(c, _Buckets)]
+        for option in made:
+            if option.size == value.size and np.all(np.abs(value - option) <= atol + rtol * np.abs(option)):
+                return Proof(True, None, calls)
+        for q in [rank] + [q for q in range(self.ws) if q != rank]:
+            foreign = foreign_sends(self.view.calls[q], self.own[q], self.numel)
+            if foreign:
+                call = foreign[0]
+                sent = np.concatenate([v for v in call.sent_values() if v is not None] or [np.zeros(0)])
+                return Proof(False, Finding("contribution", {"rank": q, "op": call.op, "line": call.line, "n": call.seq + 1,
+                                                             "sent": sent[:4096].tolist(),
+                                                             "own": self.own[q][0][:4096].tolist()}), calls)
+        option = made[0] if made else None
+        bad = np.flatnonzero(np.abs(value - option) > atol + rtol * np.abs(option)) if option is not None \
+            and option.size == value.size else np.zeros(1, dtype=np.int64)
+        element = int(bad[0]) if bad.size else 0
+        return Proof(False, Finding("not_delivered", {"rank": rank, "element": element,
+                                                      "value": float(value[element]) if value.size else 0.0,
+                                                      "delivered": bool(calls)}), calls)
