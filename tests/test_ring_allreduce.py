@@ -14,6 +14,8 @@ import sys
 import nbformat
 import pytest
 
+import exercise_suite as suite
+
 from conftest import FIXTURES, ROOT, graded_folder, outcomes, results_of, run_cli
 from grader.exercise import registry
 from grader.feedback.messages import render
@@ -440,22 +442,25 @@ def test_a_send_over_the_largest_chunk_still_fails():
         assert "floor(S/N)" in generic and not re.search(r"\d{3}", generic)
 
 
-def test_diagnose_knows_the_floor_layouts():
+def test_the_mistakes_table_knows_the_floor_layouts():
     """A ring with `numel // N` chunks (the remainder in the last, or the first) that stops after the
-    reduce-scatter is named as such, like one cut with tensor_split."""
+    reduce-scatter is named as such, like one cut with tensor_split: the reference step with the all-gather
+    left out, in each layout and direction."""
     sys.path.insert(0, str(ROOT))
     from solutions.ring_allreduce import exercise as ex
+    from grader.exercise.reference import outcome
     from grader.verify.traffic import largest_chunk
+    exercise = registry.get("ring_allreduce")
     for ws in (3, 4, 5):
-        layouts = ex._layouts(ws)
+        layouts = ex.layouts(ws)
         assert all(max(b - a for a, b in layout) <= largest_chunk(ex.LENGTH, ws) for layout in layouts)
         base = ex.LENGTH // ws
         for sizes in ([base] * (ws - 1) + [ex.LENGTH - (ws - 1) * base], [ex.LENGTH - (ws - 1) * base] + [base] * (ws - 1)):
             layout = [(sum(sizes[:k]), sum(sizes[:k + 1])) for k in range(ws)]
-            assert layout in layouts
+            k = layouts.index(layout)
             for rank in range(ws):
-                data = ex.after_reduce_scatter(ws, rank, 1, layout)
-                assert ex.diagnose("tensor", data, ws, rank, {"calls": []}) == [("cause.no_all_gather", {})], (ws, sizes, rank)
+                data = outcome(exercise.step, ws, layout=k, gather=False)[rank]["tensor"]
+                assert suite.diagnose(exercise, "tensor", data, ws, rank) == ["cause.no_all_gather"], (ws, sizes, rank)
 
 
 @pytest.mark.timeout(120)

@@ -24,11 +24,14 @@ sent), never code the exercise runs on a record:
     NotSent(op, own, scales)    the rank's `op` calls sent something, never that
     NotOwn(op)                  (a Linear quantity) some `op` of the rank sent what is not a combination of its
                                 own vectors and of what it was delivered before
+    SendsTo(peers)              some point-to-point send of the rank goes to one of peers(rank, ws)
+    SentAs(knobs)               the rank's sends are, one by one, those of the reference step with these knobs
     Right(quantity)             the rank's value of another quantity is right
     Dtype("torch.float16", ...) the value's dtype is one of these
     Representable(dtype)        every number of the value is one of dtype's (float16 arithmetic, say)
 A mistake with no value, knobs or error is named wherever its conditions hold for a rank whose check failed
-(an operation the exercise forbids, say). A value may hold NaN where any number will do (the padding);
+(an operation the exercise forbids, say). `test(values, rank, ws)` matches a wrong value by a property of its
+numbers (some ranks' data counted twice); `otherwise=True` names a wrong value no other mistake names. A value may hold NaN where any number will do (the padding);
 `shape` matches the value's shape alone (the whole optimizer state kept on every rank).
 """
 from __future__ import annotations
@@ -77,6 +80,16 @@ class NotSent:
 
 
 @dataclass(frozen=True)
+class SendsTo:
+    peers: Callable[[int, int], object]
+
+
+@dataclass(frozen=True)
+class SentAs:
+    knobs: dict
+
+
+@dataclass(frozen=True)
 class NotOwn:
     op: str
 
@@ -99,7 +112,7 @@ class Representable:
     dtype: str
 
 
-CONDITIONS = (Ran, NotRan, Failed, Reduce, Sent, NotSent, NotOwn, Right, Dtype, Representable)
+CONDITIONS = (Ran, NotRan, Failed, Reduce, Sent, NotSent, NotOwn, SendsTo, SentAs, Right, Dtype, Representable)
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,8 @@ class Mistake:
     tie: tuple = ()                             # conditions that keep it among mistakes of the same value
     error: str | None = None                    # a regular expression the rank's exception matches instead
     shape: Callable | None = None               # or the value's shape alone: shape(ws)
+    test: Callable | None = None                # or a property of the wrong value: test(values, rank, ws)
+    otherwise: bool = False                     # or: a wrong value that no other mistake of the table names
     params: dict = field(default_factory=dict)  # values for the placeholders of its words
     ws: Callable[[int], bool] | None = None     # the world sizes where it can happen
     tolerance: str | None = None                # compared with this dtype's tolerance (default: the quantity's)

@@ -177,9 +177,11 @@ class _Network:
 class _IdealComm(Comm):
     def __init__(self, rank: int, world_size: int, network: _Network):
         super().__init__(rank, world_size)
-        self.network = network
+        self.network, self.sent = network, []
 
     def _exchange(self, op: Op):
+        if op.x is not None:
+            self.sent.append((op.kind, op.x))
         return self.network.exchange(self.rank, op)
 
 
@@ -206,13 +208,15 @@ def run_ranks(ws: int, body) -> list:
     return results
 
 
-def ideal(step, ws: int, **knobs) -> list[dict[str, np.ndarray]]:
-    """Every rank's quantities after `step` on an ideal network (exact, in float64)."""
+def ideal(step, ws: int, sends: list | None = None, **knobs) -> list[dict[str, np.ndarray]]:
+    """Every rank's quantities after `step` on an ideal network (exact, in float64); `sends`, when given, gets
+    what each rank sent, in order: one list of (operation, x) per rank."""
     network = _Network(ws)
+    comms = [_IdealComm(rank, ws, network) for rank in range(ws)]
 
     def body(rank: int):
         try:
-            out = step(_IdealComm(rank, ws, network), rank, ws, **knobs)
+            out = step(comms[rank], rank, ws, **knobs)
         except BaseException as err:
             with network.lock:
                 network.failed = err
@@ -222,7 +226,10 @@ def ideal(step, ws: int, **knobs) -> list[dict[str, np.ndarray]]:
             raise StepError(f"the step returns {type(out).__name__}, not a dict of quantity -> array")
         return {name: np.array(value, dtype=np.float64).reshape(-1) for name, value in out.items()}
 
-    return run_ranks(ws, body)
+    values = run_ranks(ws, body)
+    if sends is not None:
+        sends[:] = [comm.sent for comm in comms]
+    return values
 
 
 _OUTCOMES: dict = {}
@@ -231,11 +238,20 @@ _OUTCOMES: dict = {}
 def outcome(step, ws: int, **knobs) -> list[dict[str, np.ndarray]]:
     """`ideal(step, ws, **knobs)`, computed once per step, world size and knobs (a step is a pure function
     of them); the arrays are read-only, so that no reader changes them for the next."""
+    return _ideal(step, ws, knobs)[0]
+
+
+def sent(step, ws: int, **knobs) -> list[list[tuple[str, np.ndarray]]]:
+    """What each rank sends in `step` on an ideal network, in order: (operation, x) per send."""
+    return _ideal(step, ws, knobs)[1]
+
+
+def _ideal(step, ws: int, knobs: dict):
     key = (step, ws, tuple(sorted(knobs.items())))
     if key not in _OUTCOMES:
-        values = ideal(step, ws, **knobs)
-        for rank_values in values:
-            for array in rank_values.values():
-                array.setflags(write=False)
-        _OUTCOMES[key] = values
+        sends: list = []
+        values = ideal(step, ws, sends, **knobs)
+        for array in [a for rank_values in values for a in rank_values.values()] + [x for s in sends for _, x in s]:
+            array.setflags(write=False)
+        _OUTCOMES[key] = (values, sends)
     return _OUTCOMES[key]

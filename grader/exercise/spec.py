@@ -100,6 +100,7 @@ class Quantity:
     context            local reads the run (what the rank sent and was delivered): local(rank, ws, ctx)
     tolerance          the dtype whose tolerance values are compared with ("torch.float16": a float32 value
                        computed from float16 communication); default: the dtype of the value
+    forwards           ranks send on what they received, not only their own data (a hierarchy's leaders)
     """
     name: str
     local: Callable[[int, int], Sequence[float]] | None = None
@@ -112,6 +113,8 @@ class Quantity:
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
     context: bool = False
     tolerance: str | None = None
+    forwards: bool = False     # ranks send on what they received (a node's sum from its leader): what a rank sends
+    #                            is then not only its own data, and is never named as "not its own data"
     where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
     _expected: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     step: Callable | None = field(default=None, init=False, repr=False, compare=False)   # set by its Exercise

@@ -209,8 +209,8 @@ def mistake(m, conditions) -> None:
     where = m.where
     if not isinstance(m.cause, str) or not m.cause.startswith("cause."):
         raise DeclarationError("declare.mistake_cause", where, value=repr(m.cause))
-    given = [m.value is not None, bool(m.knobs), m.error is not None, m.shape is not None]
-    if sum(given) > 1 or not (any(given) or m.when):
+    given = [m.value is not None, bool(m.knobs), m.error is not None, m.shape is not None, m.test is not None]
+    if sum(given) > 1 or not (any(given) or m.when or m.otherwise):
         raise DeclarationError("declare.mistake_kind", where, cause=m.cause)
     if m.error is not None:
         try:

@@ -333,7 +333,7 @@ def forbidden_words(exercise, op: str, name: str) -> list[Note]:
 
 def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]) -> list[Note]:
     """A collective the quantity goes through, fed with something other than the rank's own data."""
-    if quantity.local is None or quantity.combine == "custom" or quantity.uses_context:
+    if quantity.local is None or quantity.combine == "custom" or quantity.uses_context or quantity.forwards:
         return []
     local = quantity.local_array(record.rank, ws)
     for call in calls:

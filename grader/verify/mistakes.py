@@ -12,7 +12,8 @@ import re
 import numpy as np
 
 from ..exercise import reference
-from ..exercise.mistakes import Dtype, Failed, NotOwn, NotRan, NotSent, Ran, Reduce, Representable, Right, Sent
+from ..exercise.mistakes import (Dtype, Failed, NotOwn, NotRan, NotSent, Ran, Reduce, Representable, Right, Sent, SendsTo,
+                                 SentAs)
 from ..exercise.spec import Linear
 from .linear import foreign_sends
 from ..model import Note
@@ -47,10 +48,32 @@ def _called_with(call, condition, ws: int) -> bool:
     return any(n in sizes for n in wanted) or (condition.uneven and len(listed) > 1 and len(set(listed)) > 1)
 
 
-def holds(condition, rank: int, ws: int, calls: list, value, right: dict, quantity=None) -> bool:
+def _peer(call) -> int | None:
+    peer = call.peer if call.peer is not None else call.source
+    group = list(call.group or ())
+    return None if peer is None else group[peer] if 0 <= peer < len(group) else peer
+
+
+def _sent_as(exercise, knobs: dict, rank: int, ws: int, done: list) -> bool:
+    try:
+        expected = reference.sent(exercise.step, ws, **knobs)[rank]
+    except Exception:  # noqa: BLE001  (a variant that cannot be made at this world size is no match)
+        return False
+    kinds = {kind for kind, _ in expected}
+    mine = [_flat(c.sent_values()) for c in done if c.op in kinds and c.sends]
+    return len(mine) == len(expected) and all(a.size == x.size and np.allclose(a, x, rtol=1e-5, atol=1e-6)
+                                               for a, (_, x) in zip(mine, expected))
+
+
+def holds(condition, rank: int, ws: int, calls: list, value, right: dict, quantity=None, exercise=None) -> bool:
     """Whether one condition holds of the rank's run (its calls as the switch recorded them) and value;
     `right`: whether each of the rank's quantities is right."""
     done = [c for c in calls if c.completed and c.ok]
+    if isinstance(condition, SendsTo):
+        peers = set(condition.peers(rank, ws))
+        return any(_peer(c) in peers for c in calls if c.op == "send")
+    if isinstance(condition, SentAs):
+        return exercise is not None and exercise.step is not None and _sent_as(exercise, condition.knobs, rank, ws, done)
     if isinstance(condition, Ran):
         return any(c.op == condition.op for c in done)
     if isinstance(condition, NotRan):
@@ -106,14 +129,15 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
     (or its shape) where the value is wrong, by conditions alone. `tolerance`: the dtype whose tolerance
     values are compared with; `right`: whether each of the rank's quantities is right."""
     message = str((error or {}).get("message") or "")
-    found, by_value = [], []
+    wrong = wrong and not error      # a rank that raised left a value in the making: its error explains it
+    found, by_value, fallback = [], [], []
     data = getattr(value, "data", None)
     for mistake in exercise.mistakes:
         if mistake.quantity not in (None, quantity.name):
             continue
         if mistake.ws is not None and not mistake.ws(ws):
             continue
-        if not all(holds(c, rank, ws, calls, value, right, quantity) for c in mistake.when):
+        if not all(holds(c, rank, ws, calls, value, right, quantity, exercise) for c in mistake.when):
             continue
         if mistake.error is not None:
             if error and re.search(mistake.error, message):
@@ -121,6 +145,13 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
         elif mistake.shape is not None:
             if wrong and list(getattr(value, "shape", None) or []) == [int(n) for n in mistake.shape(ws)]:
                 found.append(mistake)
+        elif mistake.test is not None or mistake.otherwise:
+            try:
+                hit = wrong and data is not None and (mistake.test is None or bool(mistake.test(data.reshape(-1), rank, ws)))
+            except Exception:  # noqa: BLE001  (a test that cannot read these numbers names nothing)
+                hit = False
+            if hit:
+                (fallback if mistake.otherwise else found).append(mistake)
         elif mistake.value is None and not mistake.knobs:
             found.append(mistake)
         elif wrong and data is not None:
@@ -134,13 +165,13 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
         twins = [m for m, v in by_value if v.size == variant.size and np.allclose(v, variant, rtol=1e-9, atol=1e-12,
                                                                                   equal_nan=True)]
         if len(twins) > 1:
-            preferred = [m for m in twins if m.tie and all(holds(c, rank, ws, calls, value, right, quantity) for c in m.tie)]
+            preferred = [m for m in twins if m.tie and all(holds(c, rank, ws, calls, value, right, quantity, exercise) for c in m.tie)]
             preferred = preferred or [m for m in twins if not m.tie] or twins
             if mistake not in preferred:
                 continue
         kept.append(mistake)
     out, seen = [], set()
-    for mistake in found + kept:
+    for mistake in found + kept + (fallback if not found and not kept else []):
         if mistake.cause not in seen:
             seen.add(mistake.cause)
             out.append(Note(f"{exercise.name}.{mistake.cause}", dict(mistake.params)))
