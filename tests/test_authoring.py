@@ -89,19 +89,21 @@ def test_the_kinds_are_one_table():
 
 # -- Quantity.local takes the run only when the declaration says so ---------------------------------
 
-def test_local_takes_the_run_only_when_declared():
+def test_local_never_reads_a_run():
+    """An exercise declares data, never code over a run: local(rank, ws) only. A local that wants a third
+    argument, or a kept state declared as proven, is refused with what to declare instead."""
     def accumulated(rank, ws, divide=True):
         return [rank / ws if divide else float(rank)]
     plain = Quantity("q", local=accumulated, combine="sum", through=("all_reduce",))
-    assert not plain.uses_context and plain.local_array(1, 2).tolist() == [0.5]   # called as local(rank, ws)
-    seen = []
-    reads = Quantity("q", local=lambda rank, ws, ctx: seen.append(ctx) or [0.0], context=True, combine="own",
-                     through=("all_reduce",))
-    reads.local_options(0, 2, "the run")
-    assert reads.uses_context and seen == ["the run"]
+    assert not plain.derived and plain.local_array(1, 2).tolist() == [0.5]   # called as local(rank, ws)
     with pytest.raises(DeclarationError) as raised:
-        Quantity("q", local=lambda rank, ws, ctx: [0.0], combine="own", through=("all_reduce",))
-    assert raised.value.key == "declare.own_needs_context"
+        Quantity("q", local=lambda rank, ws, ctx: [0.0], combine="sum", through=("all_reduce",))
+    assert raised.value.key == "declare.local_wants_context" and "combine=\"reference\"" in str(raised.value)
+    with pytest.raises(DeclarationError) as raised:
+        Quantity("q", local=lambda rank, ws: [0.0], combine="own", through=("all_reduce",))
+    assert raised.value.key == "declare.own_proven"
+    kept = Quantity("q", local=lambda rank, ws: [float(rank)], combine="own", provenance=False)
+    assert kept.expected_array(1, 2).tolist() == [1.0]
 
 
 # -- a broken exercise beside working ones, through the real commands ---------------------------------

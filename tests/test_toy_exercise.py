@@ -32,9 +32,9 @@ EXERCISE = Exercise(
         Check("ws3.vector", "value", 4, ("广播（{ws} 个进程）", "Broadcast ({ws} ranks)"), hidden=True, world_size=3, quantity="vector"),
     ),
     messages={"cause.own_vector": ("原因：{quantity} 还是本进程自己的向量。", "Cause: {quantity} is still this rank's own vector.")},
-    diagnose=lambda name, values, ws, rank, ctx: (
-        [("cause.own_vector", {"quantity": name})]
-        if values is not None and rank and list(values) == data(rank, ws) else []),
+    diagnose=lambda case: (
+        [("cause.own_vector", {"quantity": case.quantity})]
+        if case.values is not None and case.rank and list(case.values) == data(case.rank, case.ws) else []),
     todo=("请完成 share", "complete share"),
 )
 '''

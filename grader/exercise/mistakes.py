@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import validate
+from .validate import caller, mistake
 
 
 @dataclass(frozen=True)
@@ -135,5 +135,5 @@ class Mistake:
 
     def __post_init__(self):
         if self.where is None:
-            object.__setattr__(self, "where", validate.caller())
-        validate.mistake(self, CONDITIONS)
+            object.__setattr__(self, "where", caller())
+        mistake(self, CONDITIONS)

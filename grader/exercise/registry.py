@@ -19,6 +19,8 @@ import traceback
 from dataclasses import replace
 from pathlib import Path
 
+from ..feedback import messages
+from ..feedback.messages import render
 from ..model import Words
 from .spec import Exercise
 from .validate import DeclarationError
@@ -81,10 +83,8 @@ def _load(path: Path) -> Exercise:
         raise _broken(path, err) from err
     exercise = getattr(module, "EXERCISE", None)
     if not isinstance(exercise, Exercise):
-        from ..feedback.messages import render
         raise ExerciseError("exercise.broken", name=path.parent.name, path=str(path), error=Words(
             render("exercise.no_declaration", {}, "zh"), render("exercise.no_declaration", {}, "en")))
-    from ..feedback import messages
     messages.add(exercise.name, exercise.messages)
     return replace(exercise, folder=str(path.parent))
 

@@ -29,8 +29,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import reference, validate
-from .mistakes import Mistake
+from .reference import outcome
+import grader.exercise.validate as validate   # the module, not the package (which imports this one)
 from .validate import DeclarationError
 
 COMBINES = ("mean", "sum", "concat", "root", "own", "reference", "custom")
@@ -83,21 +83,19 @@ class Alternatives(tuple):
 class Quantity:
     """One value each rank ends with.
 
-    local(rank, ws)    that rank's own data for this quantity (what it must contribute);
-                       with context=True, local(rank, ws, ctx) (ctx: verify.observe.RunContext)
+    local(rank, ws)    that rank's own data for this quantity (what it must contribute)
     combine            how every rank's data make the expected value on each rank:
                        "mean" / "sum" (elementwise over ranks), "concat" (in rank order),
-                       "root" (rank `root`'s data everywhere), "own" (each rank's own data: a state
-                       it computes from what it received, with `local(rank, ws, ctx)`),
-                       "reference" (what the exercise's reference step leaves on that rank,
-                       exercise/reference.py: proven by replaying the step against the run),
-                       "custom" (`expected` alone says)
+                       "root" (rank `root`'s data everywhere), "own" (each rank's own data: a state it
+                       keeps, provenance=False), "reference" (what the exercise's reference step leaves on
+                       that rank, exercise/reference.py: proven by replaying the step against the run),
+                       Linear(...) (a fixed combination of every rank's own vectors, whatever operations
+                       carried them: proven from what the all-reduces delivered), "custom" (`expected` alone)
     through            operations (comm.OPS names) the value must have come through; () for none
     expected(rank, ws) overrides the value `combine` implies (needed for "custom")
     shape(ws)          the expected shape (default: a vector of the expected length)
     provenance         whether the value must be proven to come from what the communication
                        delivered (False: a state the rank keeps, checked for its value only)
-    context            local reads the run (what the rank sent and was delivered): local(rank, ws, ctx)
     tolerance          the dtype whose tolerance values are compared with ("torch.float16": a float32 value
                        computed from float16 communication); default: the dtype of the value
     forwards           ranks send on what they received, not only their own data (a hierarchy's leaders)
@@ -111,7 +109,6 @@ class Quantity:
     root: int = 0
     provenance: bool = True
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
-    context: bool = False
     tolerance: str | None = None
     forwards: bool = False     # ranks send on what they received (a node's sum from its leader): what a rank sends
     #                            is then not only its own data, and is never named as "not its own data"
@@ -131,10 +128,10 @@ class Quantity:
             raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="local")
         if self.combine == "custom" and self.expected is None:
             raise DeclarationError("declare.needs_function", where, name=name, combine=self.combine, field="expected")
-        if self.combine == "own" and self.provenance and not self.context:
-            raise DeclarationError("declare.own_needs_context", where, name=name)
+        if self.combine == "own" and self.provenance:
+            raise DeclarationError("declare.own_proven", where, name=name)
         validate.ops(f"Quantity({name!r}).through", self.through, where)
-        args = ("rank", "ws", "ctx") if self.context else ("rank", "ws")
+        args = ("rank", "ws")
         for field_name, fn, call in (("local", self.local, args), ("expected", self.expected, ("rank", "ws")),
                                      ("shape", self.shape, ("ws",))):
             if fn is not None:
@@ -145,20 +142,22 @@ class Quantity:
             validate.dtypes(f"Quantity({name!r}).tolerance", (self.tolerance,), where)
 
     @property
-    def uses_context(self) -> bool:
-        """`local(rank, ws, ctx)`: the rank's own data depends on what it received (an optimizer step
-        computed from reduce-scattered gradients, say): declared with context=True."""
-        return self.context or self.combine == "reference" or isinstance(self.combine, Linear)
+    def derived(self) -> bool:
+        """Each rank's own part of it is what the rank computes from what it received (a reference step's
+        quantity, or a Linear one): no fixed data of the rank's to compare a send with."""
+        return self.combine == "reference" or isinstance(self.combine, Linear)
 
-    def local_options(self, rank: int, ws: int, ctx=None) -> list[np.ndarray]:
+    def local_options(self, rank: int, ws: int) -> list[np.ndarray]:
         """The rank's own data: one array, or several when `local` returns Alternatives (any will do)."""
-        value = self.local(rank, ws, ctx) if self.uses_context else self.local(rank, ws)
+        if self.local is None:
+            return [np.zeros(0)]
+        value = self.local(rank, ws)
         options = list(value) if isinstance(value, Alternatives) else [value]
         return [np.asarray(v, dtype=np.float64).reshape(-1) for v in options]
 
     def local_array(self, rank: int, ws: int) -> np.ndarray:
         """The rank's own data as far as it can be told without a run (the first alternative)."""
-        return self.local_options(rank, ws)[0] if not self.uses_context else np.zeros(0)
+        return self.local_options(rank, ws)[0]
 
     def expected_array(self, rank: int, ws: int) -> np.ndarray:
         """What `rank` must hold at world size `ws` (computed once per pair: the exercise's functions are
@@ -174,7 +173,7 @@ class Quantity:
         if self.expected is not None:
             return self.expected(rank, ws)
         if self.combine == "reference":
-            return reference.outcome(self.step, ws)[rank][self.name]
+            return outcome(self.step, ws)[rank][self.name]
         if isinstance(self.combine, Linear):
             return self.combine.expected(ws)
         locals_ = [self.local_array(q, ws) for q in range(ws)]
@@ -190,6 +189,23 @@ class Quantity:
         if self.shape is not None:
             return [int(n) for n in self.shape(ws)]
         return [int(self.expected_array(0, ws).size)]
+
+
+@dataclass(frozen=True)
+class Case:
+    """What an exercise's own `diagnose(case)` reads of one rank whose check failed: the quantity and the rank's
+    value (numpy, None: none), the world size and rank, the check's outcome ("wrong", "exception" ...), the
+    rank's error ({"type", "message", "frames"}) and whether its entry function returned, its operations as
+    the switch recorded them (switch.Call), and its other quantities' values."""
+    quantity: str
+    values: np.ndarray | None
+    ws: int
+    rank: int
+    outcome: str
+    error: dict | None
+    returned: bool
+    calls: tuple
+    others: dict
 
 
 @dataclass(frozen=True)
@@ -283,8 +299,8 @@ class Exercise:
     step: Callable | None = None           # the reference step (exercise/reference.py): step(comm, rank, ws, **knobs)
     #                                        -> {quantity: array}; quantities with combine="reference" are its
     mistakes: tuple = ()                   # Mistake(...)s: the wrong answers the exercise names (exercise/mistakes.py)
-    diagnose: Callable | None = None       # (quantity, values, ws, rank, context) -> [(key, params)];
-    #                                        context: calls, value, outcome, error, returned (docs/exercises.md)
+    diagnose: Callable | None = None       # diagnose(case: Case) -> [(key, params)]: the exercise's own code for
+    #                                        causes its mistakes cannot declare (its exceptions go to staff)
     teach: tuple = ()                      # Teach(...)s: the exercise's own lines in the report's communication
     #                                        section (exercise/teach.py)
     files: tuple[str, ...] = ()            # file stems a submission of this exercise is usually called

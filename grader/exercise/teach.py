@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import validate
+from .validate import DeclarationError, caller
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,6 @@ class Teach:
 
     def __post_init__(self):
         if self.where is None:
-            object.__setattr__(self, "where", validate.caller())
+            object.__setattr__(self, "where", caller())
         if self.per not in ("rank", "run"):
-            raise validate.DeclarationError("declare.teach_per", self.where, key=self.key, value=repr(self.per))
+            raise DeclarationError("declare.teach_per", self.where, key=self.key, value=repr(self.per))

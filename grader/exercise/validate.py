@@ -10,7 +10,13 @@ import difflib
 import inspect
 import math
 import os
+import re
 import sys
+
+from ..comm import API_NAMES, OPS
+from ..feedback.messages import render
+from ..wire import DTYPES
+from .reference import outcome
 
 HERE = os.path.dirname(__file__) + os.sep
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -24,7 +30,6 @@ class DeclarationError(ValueError):
         self.key, self.where, self.params = key, where, params
 
     def words(self) -> tuple[str, str]:
-        from ..feedback.messages import render
         return render(self.key, self.params, "zh"), render(self.key, self.params, "en")
 
     def __str__(self) -> str:
@@ -55,7 +60,6 @@ def words(what: str, value, where) -> None:
 def _near(name) -> str | None:
     """The operation an unknown name most likely meant: a public function's (all_gather_into_tensor),
     the same letters without underscores (allreduce), or a close spelling."""
-    from ..comm import API_NAMES, OPS
     if not isinstance(name, str):
         return None
     if f"torch.distributed.{name}" in API_NAMES:
@@ -69,7 +73,6 @@ def _near(name) -> str | None:
 
 def ops(what: str, names, where, single: bool = False) -> None:
     """Operation names (grader.comm.OPS): a tuple of them, or (single) one name or None."""
-    from ..comm import OPS
     if single:
         names = () if names is None else (names,)
     elif isinstance(names, str) or not isinstance(names, (tuple, list)):
@@ -142,7 +145,6 @@ def quantity_named(what: str, name, quantities, where) -> None:
 
 
 def dtypes(what: str, names, where) -> None:
-    from ..wire import DTYPES
     for name in names:
         if name not in DTYPES:
             raise DeclarationError("declare.dtype", where, what=what, value=repr(name), known="torch.float16, torch.float32, ...")
@@ -182,7 +184,6 @@ def params(check) -> None:
 def step(exercise) -> None:
     """A reference step, where quantities are declared by one, runs on an ideal network at every world size
     the checks use and returns each of those quantities."""
-    from . import reference
     names = [q.name for q in exercise.quantities if q.combine == "reference"]
     if not names:
         return
@@ -190,7 +191,7 @@ def step(exercise) -> None:
         raise DeclarationError("declare.needs_step", exercise.where, names=names)
     for ws in sorted({c.world_size for c in exercise.checks if c.world_size}) or [2]:
         try:
-            out = reference.outcome(exercise.step, ws)
+            out = outcome(exercise.step, ws)
         except Exception as err:  # noqa: BLE001  (any error of the instructor's step is reported as such)
             raise DeclarationError("declare.step_fails", _where_of(exercise.step, exercise.where), ws=ws,
                                    error=f"{type(err).__name__}: {err}") from None
@@ -205,7 +206,6 @@ def _where_of(fn, default):
 
 
 def mistake(m, conditions) -> None:
-    import re
     where = m.where
     if not isinstance(m.cause, str) or not m.cause.startswith("cause."):
         raise DeclarationError("declare.mistake_cause", where, value=repr(m.cause))

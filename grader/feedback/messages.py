@@ -41,13 +41,14 @@ CATALOG: dict[str, tuple[str, str]] = {
     "declare.combine": ("量 {name} 的 combine 必须是 {known} 之一，而不是 {value}。",
                         "Quantity {name}: combine must be one of {known}, not {value}."),
     "declare.needs_function": ("量 {name} 的 combine={combine} 需要 {field}。", "Quantity {name}: combine={combine} needs {field}."),
-    "declare.own_needs_context": ("量 {name} 的 combine=\"own\" 要证明来源，需要 context=True 和 local(rank, ws, ctx)。",
-                                  "Quantity {name}: combine=\"own\" with provenance needs context=True and local(rank, ws, ctx)."),
+    "declare.own_proven": ("量 {name} 的 combine=\"own\" 是进程自己保存的状态，只检查数值：请写 provenance=False；要证明它来自通信，请用参考步骤（combine=\"reference\"）或 Linear(...) 声明。",
+                           "Quantity {name}: combine=\"own\" is a state the rank keeps, checked for its value only: declare provenance=False; to prove it came from the communication, declare it by the reference step (combine=\"reference\") or as a Linear(...)."),
     "declare.not_callable": ("量 {name} 的 {field} 必须是函数，而不是 {value}。", "Quantity {name}: {field} must be a function, not {value}."),
     "declare.local_wants_context": (
-        "量 {name} 的 local{signature} 需要 3 个位置参数，但它会以 local(rank, ws) 调用：第三个参数若是运行上下文（ctx），请声明 context=True。",
-        "Quantity {name}: local{signature} needs 3 positional arguments but is called as local(rank, ws): if the third is the "
-        "run context (ctx), declare context=True."),
+        "量 {name} 的 local{signature} 需要 3 个位置参数，但它会以 local(rank, ws) 调用：练习不读取运行记录；进程由收到的数据算出的量，"
+        "请用参考步骤（combine=\"reference\"）或 Linear(...) 声明。",
+        "Quantity {name}: local{signature} needs 3 positional arguments but is called as local(rank, ws): an exercise never reads "
+        "a run; a quantity a rank computes from what it received is declared by the reference step (combine=\"reference\") or as a Linear(...)."),
     "declare.signature": ("量 {name} 的 {field}{signature} 不能以 {call} 调用：必需的位置参数要与声明相符。",
                           "Quantity {name}: {field}{signature} cannot be called as {call}: its required positional "
                           "parameters must fit the declaration."),

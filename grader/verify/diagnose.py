@@ -13,6 +13,7 @@ import signal
 
 import numpy as np
 
+from ..exercise.spec import Case
 from ..model import Note, Outcome
 from ..switch import Call
 from ..records import How, RankRecord, RunOutcome
@@ -196,7 +197,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     # a rank that stopped early may have left a value in the making: its numbers alone say nothing of a mistake
     # (a sum not yet divided is no "sum, not averaged"); what the source shows too (a hard-coded world size, a
     # floor division), its dtype, shape and operations still do
-    if same_size and used_through and quantity.combine == "mean" and not quantity.uses_context:
+    if same_size and used_through and quantity.combine == "mean" and not quantity.derived:
         own = quantity.local_array(rank, ws)
         made_of_delivered = _scaled_from(data, delivered, (1.0, 1.0 / ws), value.dtype)
         if own.size == data.size and all_close(data, own / ws, value.dtype) and not made_of_delivered \
@@ -211,7 +212,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
         elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
             notes.append(Note("cause.floor_division", {**label}))
-    if same_size and used_through and quantity.local is not None and not quantity.uses_context and not raised \
+    if same_size and used_through and quantity.local is not None and not quantity.derived and not raised \
             and all_close(data, quantity.local_array(rank, ws), value.dtype) and not all_close(data, expected, value.dtype):
         # (no operation at all: nothing whose result went unused)
         p2p = bool(set(quantity.through) & {"send", "recv"})
@@ -223,7 +224,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if data is not None and value.shape and list(value.shape) != shape:
         if quantity.combine == "concat" and list(value.shape) == [ws, int(np.prod(shape)) // ws]:
             notes.append(Note("cause.stack_not_cat", {**label, "shape": value.shape}))
-    if quantity.combine == "concat" and not quantity.uses_context and data is not None and ws > 1 and value.floating \
+    if quantity.combine == "concat" and not quantity.derived and data is not None and ws > 1 and value.floating \
             and not raised:
         notes += _concat_causes(quantity, data, ws, rank, value.dtype, label)
     for name, other in others.items():
@@ -295,31 +296,31 @@ def _concat_causes(quantity, data: np.ndarray, ws: int, rank: int, dtype: str, l
 
 def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecord, outcome: Outcome,
                     others: dict | None = None) -> list[Note]:
-    """The exercise's own causes (`Exercise.diagnose`) for a rank whose check failed: a wrong value, and
-    also an exception, or right numbers that did not come through the communication. The context holds
-    the rank's operations, its value, the outcome, if it raised, its error, and the rank's other
-    quantities' values (`others`: name -> array, those it left)."""
+    """The exercise's own causes for a rank whose check failed (a wrong value, an exception, right numbers that
+    did not come through the communication): its table of mistakes (verify/mistakes.py), then what its own
+    `diagnose(case)` says, if it declares one. `others`: the rank's other quantities' values."""
+    notes: list[Note] = []
+    error = record.result.error if record.result is not None else None
     if exercise.mistakes:
         half = value.dtype in ("torch.float16", "torch.bfloat16")
         tolerance = quantity.tolerance or ("torch.float32" if half else (value.dtype or "torch.float32"))
         right = {q.name: (v is not None and v.data is not None and v.data.size == q.expected_array(record.rank, ws).size
                           and all_close(v.data.reshape(-1), q.expected_array(record.rank, ws), tolerance))
                  for q in exercise.quantities for v in [(others or {}).get(q.name)]}
-        return mistakes.named(exercise, quantity, value, ws, record.rank, record.calls,
-                              record.result.error if record.how in (How.RAISE, How.EXIT) else None,
-                              outcome is Outcome.WRONG, tolerance, right)
+        notes += mistakes.named(exercise, quantity, value, ws, record.rank, record.calls,
+                                error if record.how in (How.RAISE, How.EXIT) else None, outcome is Outcome.WRONG,
+                                tolerance, right)
     if exercise.diagnose is None:
-        return []
-    context = {"calls": record.calls, "value": value, "outcome": outcome.value,
-               "error": record.result.error if record.result is not None else None, "returned": record.how is How.RETURN,
-               "others": {name: v.data for name, v in (others or {}).items()
-                          if name != quantity.name and v is not None and v.data is not None}}
+        return notes
+    case = Case(quantity.name, value.data, ws, record.rank, outcome.value, error, record.how is How.RETURN,
+                tuple(record.calls), {name: v.data for name, v in (others or {}).items()
+                                      if name != quantity.name and v is not None and v.data is not None})
     try:
-        extra = exercise.diagnose(quantity.name, value.data, ws, record.rank, context) or []
+        extra = exercise.diagnose(case) or []
+        return notes + [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # its own words
     except Exception as err:  # noqa: BLE001  (an exercise's diagnosis never breaks grading; staff see why)
-        return [Note("staff.exercise_error", {"exercise": exercise.name, "what": "diagnose",
-                                              "error": f"{type(err).__name__}: {err}"})]
-    return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]  # the exercise's own words
+        return notes + [Note("staff.exercise_error", {"exercise": exercise.name, "what": "diagnose",
+                                                      "error": f"{type(err).__name__}: {err}"})]
 
 
 def forbidden_words(exercise, op: str, name: str) -> list[Note]:
@@ -333,7 +334,7 @@ def forbidden_words(exercise, op: str, name: str) -> list[Note]:
 
 def contribution_causes(quantity, ws: int, record: RankRecord, calls: list[Call]) -> list[Note]:
     """A collective the quantity goes through, fed with something other than the rank's own data."""
-    if quantity.local is None or quantity.combine == "custom" or quantity.uses_context or quantity.forwards:
+    if quantity.local is None or quantity.combine == "custom" or quantity.derived or quantity.forwards:
         return []
     local = quantity.local_array(record.rank, ws)
     for call in calls:
@@ -479,7 +480,7 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
 def _carries(call: Call, quantity, ws: int, rank: int) -> bool:
     """The call sent or received as many elements as the quantity's own data or its value hold."""
     sizes = {int(quantity.expected_array(rank, ws).size)}
-    if quantity.local is not None and not quantity.uses_context:
+    if quantity.local is not None and not quantity.derived:
         sizes.add(int(quantity.local_array(rank, ws).size))
     moved = [call.sent_numel] + [int(d.get("numel") or 0) for d in call.outputs or []] + \
         [int(d.get("numel") or 0) for d in call.delivered or []]

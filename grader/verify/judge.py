@@ -23,7 +23,7 @@ from ..model import CheckResult, Note, Outcome
 from ..records import How, RankRecord, RunOutcome
 from ..wire import HALF
 from . import diagnose
-from .observe import RunContext, RunView, Value
+from .observe import RunView, Value
 from ..switch.perturb import perturbable
 from .provenance import Proof, Tracer
 from .linear import LinearProof
@@ -619,9 +619,6 @@ class Judge:
             return []
         finding, clean = proof.finding, runs.clean
         params = finding.params
-        if quantity.uses_context and finding.key in ("not_delivered", "contribution") and \
-                self._own_unknown(runs, proof, quantity, params.get("rank")):
-            return []   # what that rank should have computed cannot be told (its inputs were not the exercise's)
         if finding.key == "not_delivered":
             rank, element = params.get("rank"), params.get("element")
             if clean is None or not isinstance(rank, int) or rank >= len(clean.ranks):
@@ -644,29 +641,13 @@ class Judge:
                 return []
             sent = np.concatenate([v for v in call.sent_values() if v is not None] or [np.zeros(0)])
             own = np.asarray(params.get("own") or [], dtype=np.float64)
-            if not quantity.uses_context and own.size and sent.size >= own.size and diagnose.all_close(sent[:own.size], own, "torch.float32"):
+            if not quantity.derived and own.size and sent.size >= own.size and diagnose.all_close(sent[:own.size], own, "torch.float32"):
                 return []
             notes = _why(proof, quantity)
             for note in notes:
                 note.params["sent"] = diagnose.preview(sent)
             return notes
         return _why(proof, quantity)
-
-    def _own_unknown(self, runs: WorldSizeRuns, proof: Proof, quantity: Quantity, rank) -> bool:
-        """The exercise cannot say what `rank` should have computed in the run this proof was made in: its
-        own data, computed from what was delivered to it, is undefined (NaN: say, the ranks did not feed the
-        operations what the exercise expects)."""
-        run = next((r for r in runs.perturbed if any(self._proofs.get((id(r), quantity.name, q)) is proof
-                                                     for q in range(runs.world_size))), None)
-        if quantity.combine == "reference":
-            return False    # the replay says what each rank's step sends, from what was delivered to it
-        if run is None or not isinstance(rank, int) or not 0 <= rank < runs.world_size:
-            return True
-        try:
-            options = quantity.local_options(rank, runs.world_size, RunContext(self.view(run)))
-        except Exception:  # noqa: BLE001  (an exercise's function never breaks grading)
-            return True
-        return all(np.isnan(option).any() for option in options)
 
     def _rank_value(self, quantity: Quantity, ws: int, rank: int, value: Value | None) -> Note:
         """What was expected on this rank and what came back (visible checks only)."""
@@ -717,7 +698,7 @@ def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
         params["own"] = diagnose.preview(finding.params.get("own"))
         # its own data is what it computes from what it received: no fixed values (a reference step's first
         # operation sends the rank's own data, as the step computes it before anything arrived)
-        if quantity.uses_context and (quantity.combine != "reference" or finding.params.get("derived")):
+        if quantity.derived and (quantity.combine != "reference" or finding.params.get("derived")):
             return [Note("why.contribution_derived", params)]
     if finding.key == "weights":
         params["missing"] = [str(s) for s in finding.params.get("missing") or []] or ["-"]

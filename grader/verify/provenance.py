@@ -21,7 +21,7 @@ operation completed no longer equals what was delivered.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
@@ -30,7 +30,7 @@ from ..switch import Call
 from ..switch.perturb import perturbable
 from .diagnose import at
 from .proof import Finding, Proof, tolerance
-from .observe import RunContext, RunView
+from .observe import RunView
 
 MAX_DEPTH = 12
 MAX_TIES = 4        # equally long delivered matches tried in turn when the first cannot be explained
@@ -74,8 +74,7 @@ class _Pool:
 class Tracer:
     def __init__(self, view: RunView, quantity, dtype: str = "torch.float32"):
         self.view, self.quantity, self.ws = view, quantity, view.ws
-        ctx = RunContext(view)
-        self.options = [quantity.local_options(q, self.ws, ctx) for q in range(self.ws)]
+        self.options = [quantity.local_options(q, self.ws) for q in range(self.ws)]
         self.locals = [options[0] for options in self.options]
         self.atol, self.rtol = tolerance(dtype)
         self.through = set(quantity.through)
@@ -305,10 +304,8 @@ class Tracer:
         while t < x.size:
             best = None   # (length, kind, payload)
             # (a) the rank's own data, possibly scaled (divided by N before a sum, say); in the final value
-            # only where the exercise wants this rank's data alone (the root of a broadcast), and for a
-            # state the rank keeps ("own") only when computed from what it received (its local(ctx)
-            # then carries the deltas)
-            top = self._alone[rank, I[t]] and (self.quantity.combine != "own" or self.quantity.uses_context)
+            # only where the exercise wants this rank's data alone (the root of a broadcast)
+            top = self._alone[rank, I[t]] and self.quantity.combine != "own"
             if depth > 0 or top:
                 for c in (1.0, 1.0 / self.ws, float(self.ws)) if depth > 0 else (1.0,):
                     L = self._leaf_run(rank, x, I, t, c)

@@ -13,7 +13,6 @@ from ..comm import OPS
 from ..model import Note
 from ..records import RunOutcome
 from . import mistakes
-from .observe import RunContext, RunView
 
 
 def rate(volume: float, ms: float) -> str:
@@ -136,12 +135,6 @@ def exercise_notes(exercise, run: RunOutcome) -> list[Note]:
     whose `say` fails is left out (the report goes on) and noted for staff."""
     if not exercise.teach:
         return []
-    if callable(exercise.teach):
-        try:
-            extra = exercise.teach(run, RunContext(RunView(run))) or []
-        except Exception:  # noqa: BLE001
-            return []
-        return [Note(f"{exercise.name}.{key}", dict(params)) for key, params in extra]
     lessons = list(exercise.teach)
     ranked = [i for i, lesson in enumerate(lessons) if lesson.per == "rank"]
     before = [x for x in lessons[:ranked[0]]] if ranked else lessons
