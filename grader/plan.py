@@ -32,7 +32,8 @@ from __future__ import annotations
 from .exercise.spec import Exercise
 from .processes.runner import Runner
 from .records import RunRequest
-from .verify.judge import Judge, WorldSizeRuns
+from .verify.evidence import WorldSizeRuns
+from .verify.judge import Judge
 
 
 def backend_for(ws: int, backend: str, gpus: int) -> str | None:

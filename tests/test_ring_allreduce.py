@@ -307,8 +307,8 @@ def test_notebook_bench_prints_the_table_and_shows_the_plot_inline():
 
 
 def test_traffic_rules_on_synthetic_exchanges():
-    """verify/traffic.py on hand-made per-rank traffic (no processes): shape and volume causes."""
-    from grader.verify.traffic import RankTraffic, shape_causes, volume_causes
+    """verify/kinds/traffic.py on hand-made per-rank traffic (no processes): shape and volume causes."""
+    from grader.verify.kinds.traffic import RankTraffic, shape_causes, volume_causes
 
     def ring(n, d, sizes=None, dtype="torch.float32"):
         sizes = sizes or [100] * 2 * (n - 1)
@@ -385,7 +385,7 @@ def _common_layouts(size: int, n: int) -> dict[str, list[int]]:
 
 
 def _traffic(per_rank: list[list[int]], dtype: str = "torch.float32"):
-    from grader.verify.traffic import RankTraffic
+    from grader.verify.kinds.traffic import RankTraffic
     n = len(per_rank)
     return [RankTraffic(r, sends=len(sizes), sent=sum(sizes), sizes=list(sizes), dtypes=[dtype] * len(sizes), recvs=len(sizes),
                         received=sum(sizes), to=[(r + 1) % n], frm=[(r - 1) % n]) for r, sizes in enumerate(per_rank)]
@@ -397,7 +397,7 @@ def test_every_common_chunk_layout_is_within_the_traffic_bound():
     students use fits, at the exercise's S = 1031 and hidden world sizes and beyond (a tester's ring with
     `numel // N` chunks and the remainder in the last lost the 4-rank traffic points: its last chunk holds 260
     elements, ceil(S/N) is 258)."""
-    from grader.verify.traffic import bound, largest_chunk, volume_causes
+    from grader.verify.kinds.traffic import bound, largest_chunk, volume_causes
     params = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
     assert [largest_chunk(1031, n) for n in (2, 3, 4, 5)] == [516, 345, 260, 207]
     assert [bound(params, n, 1031)[1:3] for n in (2, 3, 4, 5)] == [(1033, 516), (1378, 345), (1552, 260), (1657, 207)]
@@ -414,7 +414,7 @@ def test_every_common_chunk_layout_is_within_the_traffic_bound():
 def test_a_send_over_the_largest_chunk_still_fails():
     """The per-send cap is what stops a whole vector (or most of it) in one send beside padding sends that keep
     the count and the total in bounds: one element over the largest chunk fails, whatever the total."""
-    from grader.verify.traffic import volume_causes
+    from grader.verify.kinds.traffic import volume_causes
     params = {"sends": lambda n: 2 * (n - 1), "sends_formula": "2(N-1)", "volume": "all_reduce"}
     f32 = "torch.float32"
     for n, largest in ((2, 516), (3, 345), (4, 260), (5, 207)):
@@ -449,7 +449,7 @@ def test_the_mistakes_table_knows_the_floor_layouts():
     sys.path.insert(0, str(ROOT))
     from solutions.ring_allreduce import exercise as ex
     from grader.exercise.reference import outcome
-    from grader.verify.traffic import largest_chunk
+    from grader.verify.kinds.traffic import largest_chunk
     exercise = registry.get("ring_allreduce")
     for ws in (3, 4, 5):
         layouts = ex.layouts(ws)

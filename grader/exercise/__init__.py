@@ -2,10 +2,11 @@
 mistakes.py; its lines in the report, teach.py), and where the engine finds them (registry.py)."""
 from .mistakes import (Dtype, Failed, Mistake, NotOwn, NotRan, NotSent, Ran, Reduce, Representable, Right, SendsTo, Sent,
                        SentAs)
-from .spec import KINDS, Alternatives, Case, Check, Exercise, Linear, Quantity, Todo
+from .kinds import KINDS, Kind
+from .spec import Alternatives, Case, Check, Exercise, Linear, Quantity, Todo
 from .teach import Teach
 from .validate import DeclarationError
 
-__all__ = ["KINDS", "Alternatives", "Case", "Check", "DeclarationError", "Dtype", "Exercise", "Failed", "Linear", "Mistake",
+__all__ = ["KINDS", "Alternatives", "Case", "Check", "DeclarationError", "Dtype", "Exercise", "Failed", "Kind", "Linear", "Mistake",
            "NotOwn", "NotRan", "NotSent", "Quantity", "Ran", "Reduce", "Representable", "Right", "SendsTo", "Sent", "SentAs",
            "Teach", "Todo"]

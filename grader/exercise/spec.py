@@ -29,22 +29,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .kinds import KINDS, check_params
 from .reference import outcome
 import grader.exercise.validate as validate   # the module, not the package (which imports this one)
 from .validate import DeclarationError
 
 COMBINES = ("mean", "sum", "concat", "root", "own", "reference", "custom")
-# Check kinds, and what a check of each kind must set besides id, points and title ("a|b": one of them).
-# The judge decides each kind (verify/judge.py); a new kind is one line here.
-KINDS: dict[str, tuple[str, ...]] = {
-    "static": ("op|forbid",),
-    "value": ("world_size", "quantity"),
-    "uses": ("world_size",),
-    "traffic": ("world_size", "quantity"),
-    "counts": ("world_size", "op"),
-    "volume": ("world_size", "op", "quantity"),
-    "groups": ("world_size", "quantity"),
-}
+
 
 
 @dataclass(frozen=True)
@@ -218,6 +209,7 @@ class Check:
          "uses":     at `world_size`, the quantities came through their operations and no forbidden
                      operation ran
          "traffic":  at `world_size`, point-to-point exchanges form the declared pattern (`params`)
+         (each kind is declared in exercise/kinds.py)
          "counts":   at `world_size`, how many times `op` completed on each rank (`params`: "count", an int
                      or a function of the world size; "per": "rank" (default) or "all" ranks together;
                      "at_most": True for a bound, not an exact count; "least": calls carrying fewer
@@ -257,8 +249,8 @@ class Check:
         validate.words(f"Check({self.id!r}).title", self.title, where)
         validate.ops(f"Check({self.id!r}).op", self.op, where, single=True)
         validate.ops(f"Check({self.id!r}).forbid", self.forbid, where)
-        validate.needs(self, KINDS[self.kind])
-        validate.params(self)
+        validate.needs(self, KINDS[self.kind].needs)
+        check_params(self)
 
     @property
     def visibility(self) -> str:

@@ -150,37 +150,6 @@ def dtypes(what: str, names, where) -> None:
             raise DeclarationError("declare.dtype", where, what=what, value=repr(name), known="torch.float16, torch.float32, ...")
 
 
-def params(check) -> None:
-    """The parameters each kind reads (counts, volume, groups), checked at load."""
-    p, where, cid = check.params or {}, check.where, check.id
-    if not isinstance(p, dict):
-        raise DeclarationError("declare.params", where, id=cid, field="params", value=repr(p)[:80])
-    least = p.get("least", 0)
-    if check.kind in ("counts", "volume") and (isinstance(least, bool) or not isinstance(least, int) or least < 0):
-        raise DeclarationError("declare.params", where, id=cid, field='params["least"]', value=repr(least)[:80])
-    if check.kind == "counts":
-        count = p.get("count")
-        if not (callable(count) or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)):
-            raise DeclarationError("declare.params", where, id=cid, field='params["count"]', value=repr(count))
-        if p.get("per", "rank") not in ("rank", "all"):
-            raise DeclarationError("declare.params", where, id=cid, field='params["per"]', value=repr(p.get("per")))
-    elif check.kind == "volume":
-        allowed = p.get("dtypes")
-        if not isinstance(allowed, (tuple, list)) or not allowed:
-            raise DeclarationError("declare.params", where, id=cid, field='params["dtypes"]', value=repr(allowed))
-        dtypes(f"Check({cid!r}).params['dtypes']", allowed, where)
-        if "bytes" in p and not callable(p["bytes"]):
-            raise DeclarationError("declare.params", where, id=cid, field='params["bytes"]', value=repr(p["bytes"])[:80])
-    elif check.kind == "groups":
-        node = p.get("node")
-        if isinstance(node, bool) or not isinstance(node, int) or node < 1:
-            raise DeclarationError("declare.params", where, id=cid, field='params["node"]', value=repr(node))
-        if check.world_size and check.world_size % node:
-            raise DeclarationError("declare.params", where, id=cid, field='params["node"]',
-                                   value=f"{node} (does not divide the world size {check.world_size})")
-        ops(f"Check({cid!r}).params['inside']", tuple(p.get("inside") or ()), where)
-
-
 def step(exercise) -> None:
     """A reference step, where quantities are declared by one, runs on an ideal network at every world size
     the checks use and returns each of those quantities."""

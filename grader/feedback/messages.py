@@ -335,7 +335,7 @@ CATALOG: dict[str, tuple[str, str]] = {
                                 "Cause: a receive buffer's dtype was not the dtype of what was sent: they must match."),
     "cause.p2p_too_long_generic": ("原因：有进程收到的消息比接收缓冲区长（在 gloo 上，接收方进程会被直接终止，SIGABRT）。接收缓冲区的大小必须和发送的张量一样（块大小不等时尤其要注意）。",
                                    "Cause: a message was longer than its receive buffer: gloo aborts the receiving process (SIGABRT). The receive buffer must be exactly as large as what is sent (mind uneven chunks)."),
-    # --- traffic (verify/traffic.py): the measured exchanges against the pattern the exercise declares
+    # --- traffic (verify/kinds/traffic.py): the measured exchanges against the pattern the exercise declares
     "cause.traffic_needs_value": ("原因：通信量只在结果正确时计分：这个进程数下 {quantity} 没有通过数值检查。",
                                   "Cause: traffic counts only for a correct answer: {quantity} does not pass its values check at this world size."),
     "cause.traffic_none": ("原因：进程 {rank} 没有任何点对点通信（send/recv）。", "Cause: rank {rank} made no point-to-point exchange (send/recv) at all."),
@@ -392,7 +392,7 @@ CATALOG: dict[str, tuple[str, str]] = {
                      "Passed: every rank made {formula} = {count} sends of at most one chunk ({chunk} elements), at most {sent} elements in all, within {vformula} (S = {size} elements, bound {bound} elements)."),
     "teach.traffic_bound": ("  环形上限（{ws} 个进程，S = {size} 个元素）：每个进程发送 {sformula} = {count} 次，每次最多一块（{chunk} 个元素），共最多 {bound} 个元素（{formula}，含不等分块的取整）",
                             "  ring bound ({ws} ranks, S = {size} elements): each rank makes {sformula} = {count} sends of at most one chunk ({chunk} elements), at most {bound} elements in all ({formula}, rounding of uneven chunks included)"),
-    # --- counts, volume, groups (verify/kinds.py): what the switch measured of the collectives
+    # --- counts, volume, groups (verify/kinds/): what the switch measured of the collectives
     "cause.kind_needs_value": ("原因：这一项只在结果正确时计分：这个进程数下 {quantity} 没有通过数值检查。",
                                "Cause: this counts only for a correct answer: {quantity} does not pass its values check at this world size."),
     "cause.counts_more": ("原因：进程 {rank} 完成了 {count} 次 {op}，这里应当是 {expected} 次：通信次数决定了通信开销（例如梯度累积时，K 个 micro-batch 只需要一次 all_reduce）。",

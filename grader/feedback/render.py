@@ -1,6 +1,7 @@
 """Turn results into words, in one language: shared by the text report, results.json and nbgrader."""
 from __future__ import annotations
 
+from ..exercise.kinds import KINDS
 from ..model import CheckResult, GradingResult, Note, Outcome
 from .messages import CATALOG, placeholders, render
 
@@ -17,8 +18,7 @@ HINTS = {
     Outcome.TRAFFIC_LIMIT: "hint.limit", Outcome.PROTOCOL: "hint.protocol",
 }
 # A communication check whose result was right but whose communication was not: its own words, not "wrong"
-KIND_HINTS = {"counts": "hint.wrong_counts", "volume": "hint.wrong_volume", "groups": "hint.wrong_groups",
-              "traffic": "hint.wrong_traffic"}
+KIND_HINTS = {name: kind.hint for name, kind in KINDS.items() if kind.hint}   # each kind's (exercise/kinds.py)
 NEEDS_VALUE = ("cause.kind_needs_value", "cause.traffic_needs_value")
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
 # lines or world sizes. Causes whose visible text carries values have a value-free variant.

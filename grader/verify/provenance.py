@@ -20,15 +20,13 @@ operation completed no longer equals what was delivered.
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
 
 from ..switch import Call
-from ..switch.perturb import perturbable
 from .diagnose import at
+from .pool import Pool, pool
 from .proof import Finding, Proof, tolerance
 from .observe import RunView
 
@@ -46,29 +44,6 @@ ELEMENTS_BASE, ELEMENTS_PER = 20_000_000, 200
 
 class _TooComplex(Exception):
     pass
-
-
-@dataclass
-class _Pool:
-    """Delivered vectors on one rank that can prove something: (call, output index, values), every one the
-    rank received in a perturbed operation, sorted once per run. A search filters the entries it may use:
-    the quantity's operations (`Tracer.usable`), and what arrived before some message (`done`)."""
-    entries: list
-    done: np.ndarray       # completed_at of each entry
-    starts: np.ndarray     # where each entry begins in the concatenation of them all
-    order: np.ndarray      # the concatenated values, sorted
-    index: np.ndarray      # the position in the concatenation of each sorted value
-    flat: np.ndarray       # the concatenated values, in order
-
-    @functools.cached_property
-    def entry_of(self) -> np.ndarray:
-        """The entry each element of `flat` belongs to."""
-        return np.searchsorted(self.starts, np.arange(self.flat.size), "right") - 1
-
-    @functools.cached_property
-    def ends(self) -> np.ndarray:
-        """Where each entry ends in `flat`."""
-        return np.append(self.starts[1:], self.flat.size)
 
 
 class Tracer:
@@ -137,33 +112,14 @@ class Tracer:
     def _close(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.abs(a - b) <= self.atol + self.rtol * np.abs(b)
 
-    def _pool(self, rank: int) -> _Pool:
+    def _pool(self, rank: int) -> Pool:
         """Built once per run and rank (the view keeps it for every proof of the run)."""
         key = ("pool", rank)
-        if key in self.view.memo:
-            return self.view.memo[key]
-        entries = []
-        for call in self.view.calls[rank]:
-            if not (call.completed and call.ok and call.receives and call.delivered):
-                continue
-            if not self.view.perturbed(call):
-                continue
-            for k, data in enumerate(call.delivered_values()):
-                # evidence is perturbed elements only: floating outputs (integers travel as sent)
-                if data is not None and data.size and perturbable(call.delivered[k].get("dtype", "")):
-                    entries.append((call, k, data))
-        if entries:
-            flat = np.concatenate([e[2] for e in entries])
-            index = np.argsort(flat)   # ties are ordered at lookup (quicksort: a fifth of a stable sort's time)
-            starts = np.cumsum([0] + [e[2].size for e in entries[:-1]])
-            pool = _Pool(entries, np.array([e[0].completed_at for e in entries]), starts, flat[index], index, flat)
-        else:
-            pool = _Pool([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
-                         np.zeros(0, dtype=np.int64), np.zeros(0))
-        self.view.memo[key] = pool
-        return pool
+        if key not in self.view.memo:
+            self.view.memo[key] = pool(self.view, rank)
+        return self.view.memo[key]
 
-    def _usable(self, rank: int, pool: _Pool, before: int | None) -> np.ndarray:
+    def _usable(self, rank: int, pool: Pool, before: int | None) -> np.ndarray:
         """Which entries of the pool this search may use: the quantity's operations, delivered before
         message `before` of the rank (None: any time)."""
         key = (rank, before)
@@ -174,7 +130,7 @@ class Tracer:
             self._usable_cache[key] = ok
         return self._usable_cache[key]
 
-    def _entries(self, rank: int, pool: _Pool, before: int | None) -> list:
+    def _entries(self, rank: int, pool: Pool, before: int | None) -> list:
         usable = self._usable(rank, pool, before)
         return [e for e, ok in zip(pool.entries, usable) if ok]
 
@@ -185,7 +141,7 @@ class Tracer:
             return True
         return call.op == "recv" and "send" in self.through
 
-    def _lookup(self, pool: _Pool, usable: np.ndarray, v: float, follow: float | None = None) -> list[tuple[int, int]]:
+    def _lookup(self, pool: Pool, usable: np.ndarray, v: float, follow: float | None = None) -> list[tuple[int, int]]:
         """(entry, position) of the usable delivered values within tolerance of v that this decomposition
         has not used: the first 64 in the order of the calls (the earliest operation, then the lowest
         position, is tried first). Where more match, those whose next element also matches `follow` (the
@@ -413,7 +369,7 @@ class Tracer:
                 break
         return best
 
-    def _two_deliveries(self, rank: int, x: np.ndarray, own: np.ndarray, t: int, pool: _Pool, usable: np.ndarray,
+    def _two_deliveries(self, rank: int, x: np.ndarray, own: np.ndarray, t: int, pool: Pool, usable: np.ndarray,
                         beat: int = 0):
         """x[t:] as [the rank's own data +] A[a:] + B[b:], two delivered vectors at any offsets: a rank that
         adds what two peers sent it before it sends on (its node's data and its ring neighbour's chunk).

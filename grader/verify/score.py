@@ -5,7 +5,7 @@ from ..exercise.spec import Check, Exercise
 from ..feedback.messages import LANGS, render
 from ..model import CheckResult, Note, Outcome, Words
 from ..submission.static import StaticReport
-from .diagnose import forbidden_words
+from .causes import forbidden_words
 
 
 def static_results(exercise: Exercise, checks: list[Check], report: StaticReport, source: str) -> list[CheckResult]:

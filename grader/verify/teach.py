@@ -13,6 +13,7 @@ from ..comm import OPS
 from ..model import Note
 from ..records import RunOutcome
 from . import mistakes
+from .kinds.traffic import teaching
 
 
 def rate(volume: float, ms: float) -> str:
@@ -68,7 +69,6 @@ def teaching_notes(run: RunOutcome, exercise=None, real: RunOutcome | None = Non
                                             "received": sum(c.delivered_bytes for c in recvs),
                                             "frm": _peers(recvs)}))
     if exercise is not None and len(notes) > 1:
-        from .traffic import teaching
         notes += teaching(run, exercise)
     return notes if len(notes) > 1 else []
 

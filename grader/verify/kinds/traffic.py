@@ -36,11 +36,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..comm import OPS
-from ..exercise.spec import Check
-from ..model import CheckResult, Note, Outcome
-from ..records import RunOutcome
-from .diagnose import global_peer
+from ...comm import OPS
+from ...exercise.spec import Check
+from ...model import CheckResult, Note, Outcome
+from ...records import RunOutcome
+from ..diagnose import global_peer
 
 
 @dataclass
@@ -176,7 +176,7 @@ def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, d
     return notes
 
 
-def evaluate_traffic(judge, check: Check, runs) -> CheckResult:
+def evaluate(judge, check: Check, runs) -> CheckResult:
     quantity = judge.exercise.quantity(check.quantity)
     measured = judge.measured_runs(runs, quantity)
     if not measured:
@@ -185,7 +185,11 @@ def evaluate_traffic(judge, check: Check, runs) -> CheckResult:
     values = judge.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden, world_size=check.world_size,
                                         quantity=check.quantity), runs)
     if not values.passed:
-        return CheckResult(check, Outcome.WRONG, notes=[Note("cause.traffic_needs_value", {"quantity": quantity.name})])
+        # traffic counts for a correct answer only: where there is none because the run failed (an exception, a
+        # deadlock ...), the outcome says so, as the value check's does
+        failed = values.outcome not in (Outcome.WRONG, Outcome.NOT_COLLECTIVE, Outcome.PASS, Outcome.GRADER_ERROR)
+        return CheckResult(check, values.outcome if failed else Outcome.WRONG,
+                           notes=[Note("cause.traffic_needs_value", {"quantity": quantity.name})])
     params = check.params or {}
     # every run of the world size is judged, so that code which tells the runs apart (a fake ring where
     # values are right, another exchange where they are proven) fails in the run that shows it
