@@ -9,6 +9,8 @@ side by side, graded through the real commands.
 """
 from __future__ import annotations
 
+import ast
+
 import builtins
 import re
 import shutil
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, ROOT, run_cli
 from grader.exercise import Check, DeclarationError, Exercise, Quantity, Todo, registry
 from grader.feedback.messages import render
 
@@ -218,3 +220,29 @@ def test_an_entry_made_by_a_factory_or_wrapper_names_its_exercise():
     assert registry.infer(Path("answer.py"), made).name == "dist_primitives"
     wrapped = "import functools\n\ndef _impl(rank, world_size):\n    return None\n\nrun_worker = functools.wraps(_impl)(_impl)\n"
     assert registry.infer(Path("answer.py"), wrapped).name == "dist_primitives"
+
+
+# -- every exercise of the course is a declaration: data and a reference, never code over a run -------------
+
+RUN_ATTRIBUTES = {"calls", "sent_values", "delivered_values", "entered_values", "delivered_arrays", "partners",
+                  "pieces", "view", "memo", "ranks"}
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in (ROOT / "solutions").glob("*/exercise.py")))
+def test_an_exercise_declares_what_is_right_never_how_to_prove_it(name):
+    """No function of an exercise reads what a rank sent or was delivered (a run's records, a view of one), nor
+    imports the engine's verification, switch or processes; and the whole declaration, messages included, reads
+    in one sitting."""
+    exercise = registry.get(name)
+    source = (ROOT / "solutions" / name / "exercise.py").read_text(encoding="utf-8")
+    assert len(source.splitlines()) <= 150, (name, len(source.splitlines()))
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            assert node.attr not in RUN_ATTRIBUTES, (name, node.attr, node.lineno)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            assert not (module or "").startswith(("grader.verify", "grader.switch", "grader.processes")), (name, module)
+        if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+            assert "ctx" not in [a.arg for a in node.args.args], (name, getattr(node, "name", "lambda"))
+    assert exercise.diagnose is None and all(not callable(t) for t in exercise.teach)

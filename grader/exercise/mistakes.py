@@ -120,7 +120,8 @@ class Mistake:
     """One wrong answer and its cause (a key of the exercise's messages)."""
     cause: str
     quantity: str | None = None                 # the quantity it shows in (None: any of the exercise's)
-    knobs: dict = field(default_factory=dict)   # the reference step with these keyword arguments
+    knobs: dict | tuple = field(default_factory=dict)   # the reference step with these keyword arguments (a tuple
+    #                                                      of dicts: any of these variants)
     value: Callable | None = None               # or the value itself: value(rank, ws)
     when: tuple = ()                            # conditions that must hold
     tie: tuple = ()                             # conditions that keep it among mistakes of the same value
@@ -131,6 +132,7 @@ class Mistake:
     params: dict = field(default_factory=dict)  # values for the placeholders of its words
     ws: Callable[[int], bool] | None = None     # the world sizes where it can happen
     tolerance: str | None = None                # compared with this dtype's tolerance (default: the quantity's)
+    upto: Callable | None = None                # compare the first upto(rank, ws) elements only (the rest: padding)
     where: tuple[str, int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):

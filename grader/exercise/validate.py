@@ -205,7 +205,11 @@ def mistakes(exercise) -> None:
             if exercise.step is None:
                 raise DeclarationError("declare.needs_step", m.where, names=[m.cause])
             params = inspect.signature(exercise.step).parameters
-            unknown = [k for k in m.knobs if k not in params]
+            variants = (m.knobs,) if isinstance(m.knobs, dict) else tuple(m.knobs)
+            if not all(isinstance(v, dict) for v in variants):
+                raise DeclarationError("declare.mistake_knobs", m.where, cause=m.cause, unknown=[repr(m.knobs)[:60]],
+                                       known=[p for p in list(params)[3:]])
+            unknown = [k for v in variants for k in v if k not in params]
             if unknown:
                 raise DeclarationError("declare.mistake_knobs", m.where, cause=m.cause, unknown=unknown,
                                        known=[p for p in list(params)[3:]])

@@ -104,15 +104,17 @@ def holds(condition, rank: int, ws: int, calls: list, value, right: dict, quanti
     return False
 
 
-def _variant(exercise, mistake, name: str, rank: int, ws: int) -> np.ndarray | None:
-    try:
-        if mistake.knobs:
-            out = reference.outcome(exercise.step, ws, **mistake.knobs)[rank].get(name)
-        else:
-            out = mistake.value(rank, ws)
-    except Exception:  # noqa: BLE001  (a variant that cannot be made at this world size is no match)
-        return None
-    return None if out is None else np.asarray(out, dtype=np.float64).reshape(-1)
+def _variants(exercise, mistake, name: str, rank: int, ws: int) -> list[np.ndarray]:
+    """The values the mistake leaves on this rank: its value, or the reference step with each of its knobs."""
+    out = []
+    for knobs in ((mistake.knobs,) if isinstance(mistake.knobs, dict) else mistake.knobs) if mistake.knobs else (None,):
+        try:
+            value = reference.outcome(exercise.step, ws, **knobs)[rank].get(name) if knobs else mistake.value(rank, ws)
+        except Exception:  # noqa: BLE001  (a variant that cannot be made at this world size is no match)
+            continue
+        if value is not None:
+            out.append(np.asarray(value, dtype=np.float64).reshape(-1))
+    return out
 
 
 def _matches(data: np.ndarray, variant: np.ndarray, dtype: str) -> bool:
@@ -155,9 +157,13 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
         elif mistake.value is None and not mistake.knobs:
             found.append(mistake)
         elif wrong and data is not None:
-            variant = _variant(exercise, mistake, quantity.name, rank, ws)
-            if variant is not None and _matches(data.reshape(-1), variant, mistake.tolerance or tolerance):
-                by_value.append((mistake, variant))
+            for variant in _variants(exercise, mistake, quantity.name, rank, ws):
+                if mistake.upto is not None:
+                    variant = variant.copy()
+                    variant[max(0, int(mistake.upto(rank, ws))):] = np.nan
+                if _matches(data.reshape(-1), variant, mistake.tolerance or tolerance):
+                    by_value.append((mistake, variant))
+                    break
     # mistakes that leave the same numbers: those whose tie conditions hold; where none does, those without any
     # (all of them, where every one has some)
     kept = []

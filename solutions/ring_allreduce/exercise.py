@@ -1,30 +1,13 @@
 """Chapter 19.1: ring all-reduce built from send/recv, graded on its values and on its traffic.
 
-Each rank holds `arange(LENGTH) * (rank + 1) * SCALE` (float32; data that varies with the element index, so a
-chunk put in the wrong place shows). The student writes `ring_all_reduce(tensor, rank, world_size)`,
-which sums `tensor` in place over the ranks with point-to-point operations only (send/recv, isend/irecv,
-batch_isend_irecv); `run_worker(rank, world_size)` (given) calls it and returns the tensor. LENGTH = 1031
-is divisible by none of the world sizes tried, so chunks are uneven.
-
-Points (100):
-  static 10     run_worker reaches send/recv and no collective (the chapter's ring, not dist.all_reduce)
-  runtime 10    send/recv used and no collective ran (world size 2)
-  per world size, 20 = values 10 + ring 5 + traffic 5; world size 2 is visible, 3, 4 and 5 are hidden:
-    values      the sum, right on every rank and derived from what the other ranks sent (provenance)
-    ring        each rank sends only to one neighbour and receives only from the other, the same way
-                round on every rank (either way)
-    traffic     2(N-1) sends per rank in the tensor's own dtype, each of at most one chunk (S // N elements
-                with one chunk taking the remainder: at most S - (N-1) x floor(S/N) elements, the largest
-                chunk of any of the layouts in _layouts), and at most 2(N-1)/N x S elements in all (S: the
-                tensor's element count), plus one element per send for uneven chunks (grader/verify/traffic.py)
-  Ring and traffic points are for a correct all-reduce: they count once the values check passes at that
-  world size (a forged ring that computes the answer locally earns neither).
-
-The deadlock lesson (measured on gloo, torch 2.13): gloo does not buffer sends, so blocking send before
-recv on every rank hangs from a single element up (1 element at 2 and 3 ranks already deadlocks; the
-threshold is 1 element). Every check runs such a program into the grader's deadlock detection, the hidden
-ones included, whose verdict names it: "every rank is blocked in send; post the receive first (irecv) or
-alternate the order by rank parity".
+Each rank holds `arange(LENGTH) * (rank + 1) * SCALE` (float32: a chunk put in the wrong place shows); the student
+writes `ring_all_reduce(tensor, rank, world_size)`, summing in place with point-to-point operations only. LENGTH =
+1031 divides by no world size tried: chunks are uneven. Points: static 10 (send/recv, no collective), runtime 10
+(the same, world size 2); per world size 20: values 10 (the sum, proven), ring 5 (each rank sends to one neighbour
+and receives from the other) and traffic 5 (2(N-1) sends of at most one chunk, S - (N-1) x floor(S/N) elements,
+at most 2(N-1)/N x S in all: grader/verify/kinds/traffic.py), these two for a right sum only. World size 2 is
+visible; 3, 4 and 5 hidden. The deadlock lesson: gloo does not buffer sends, so a blocking send before the recv on
+every rank hangs from one element up; every check names it ("every rank is blocked in send").
 """
 import numpy as np
 
