@@ -6,15 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from browser import open_in_browser
 from conftest import FIXTURES, run_cli
 from htmltree import parse
 from grader.exercise.spec import Check, Exercise, Quantity
@@ -304,30 +302,6 @@ def test_a_resumed_batch_rebuilds_the_same_report(graded):
     again = run_cli("batch", str(cls), "--out", str(out), "--exercise", "dist_primitives", "--lang", "en")
     assert again.returncode == 0 and f"Graded 0, reused {len(NAMES)}" in again.stdout, again.stdout + again.stderr
     assert ((out / "report.html").read_bytes(), (out / "causes.csv").read_bytes()) == before
-
-
-def chromium() -> str:
-    """Debian's chromium (.ci/run installs it). Required in CI; elsewhere its absence skips, saying why."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed: .ci/run installs it with apt-get")
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does): report.html not opened in a browser")
-    return found
-
-
-def open_in_browser(url: str, profile: Path) -> tuple[str, list[str]]:
-    """Chromium headless: the DOM after the page's script ran, and every console message it logged."""
-    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={profile}", "--virtual-time-budget=2000", "--dump-dom", url]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        dom, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return dom, [line for line in err.splitlines() if ":CONSOLE" in line]
 
 
 @pytest.mark.timeout(200)

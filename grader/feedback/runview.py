@@ -171,6 +171,8 @@ def view(run, place=None) -> RunView:
         for c in cs:
             if not c.completed and c.op not in ("send", "recv"):
                 pending.setdefault((tuple(c.group), c.gname, c.index), set()).add(c.rank)
+    for call in sorted((c for cs in kept for c in cs), key=lambda c: c.entered_at):   # groups numbered as they appear
+        groups.setdefault((tuple(call.group), call.gname), len(groups))
     for cs in kept:
         for call in cs:
             out.ops.append(_op(call, groups, waiting, pending, place))
@@ -198,6 +200,7 @@ def view(run, place=None) -> RunView:
                 out.bands.append(Band(call.api or call.op, groups[(call.group, call.gname)], call.group,
                                       tuple(m.seq for m in members), call.completed_at,
                                       all(m.ok for m in members), call.index))
+    out.bands.sort(key=lambda b: b.at)
     out.ends = [_end(rec, calls[r], stop, run.stop_rank, place) for r, rec in enumerate(records)]
     return out
 
@@ -239,7 +242,7 @@ def _hidden(calls: list[list], cut: tuple[int, int]) -> Hidden:
 
 
 def _op(call, groups: dict, waiting: dict, pending: dict, place) -> Op:
-    gid = groups.setdefault((tuple(call.group), call.gname), len(groups))
+    gid = groups[(tuple(call.group), call.gname)]
     numel, dtype = _size(call)
     collective = call.op not in ("send", "recv")
     if call.completed:
