@@ -276,7 +276,7 @@ def _ends(view: RunView, lay: _Layout, texts: dict, stop: str) -> list[str]:
         lines = texts[end.rank]
         red = "" if end.how == "returned" else "red"
         glyph = {"returned": "✓", "blocked": "", "running": "", "unknown": "?"}.get(end.how, "✕")
-        at = lay.x.get((end.at, 1), LEFT) + 5
+        at = lay.x.get((end.at, 1), LEFT) + 9
         if at > lay.right - 12:   # at the run's end the right column says it
             glyph = ""
         out.append(f'<g{_a(data_kind="end", data_rank=end.rank, data_how=end.how)}><title>{escape(" ".join(lines))}</title>'
