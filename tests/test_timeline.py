@@ -20,6 +20,7 @@ from conftest import FIXTURES, ROOT, run_cli
 from htmltree import parse
 from switchsim import Sim
 from grader import wire
+from grader.records import RankResult, Stop
 from grader.feedback import runview, timeline, trace
 
 F32 = np.float32
@@ -35,13 +36,13 @@ def _wait(sim: Sim, rank: int) -> None:
 def _ended(sim: Sim, stop: str = "completed", how: dict | None = None):
     """The run as the runner hands it over: how it stopped, each rank's result, what each waited on."""
     run = sim.run()
-    run.stop = stop
+    run.stop = Stop(stop)
     for rank, rec in enumerate(run.ranks):
         rec.inside = sim.switch.waiting_on(rank)
         if how and rank in how:
             rec.result = how[rank]
         elif stop == "completed":
-            rec.result = {"how": "return", "error": None}
+            rec.result = RankResult("return")
     return run
 
 
@@ -98,7 +99,7 @@ def mismatch(n: int = 2):
         sim.op(r, "allreduce", [np.ones(4, F32)], [(4,)], api="all_reduce", line=9)
     sim.op(0, "allreduce", [np.ones(4, F32)], [(4,)], api="all_reduce", line=10)
     sim.op(1, "allgather", [np.ones(4, F32)], [[(4,)] * n], api="all_gather", line=11)
-    raised = {r: {"how": "raise", "error": {"type": "RuntimeError", "message": "3.1415 secret", "frames": [{"line": 10 + r}]}}
+    raised = {r: RankResult("raise", {"type": "RuntimeError", "message": "3.1415 secret", "frames": [{"line": 10 + r}]})
               for r in range(n)}
     run = _ended(sim, "failfast", raised)
     run.stop_rank = 0
@@ -369,13 +370,19 @@ def test_traces_follow_the_trace_event_format():
 
 
 def test_the_words_are_in_both_languages():
-    import test_teach_messages   # the catalog's own rules, now that the diagram's words are in it
+    """The catalog's rules (tests/test_teach_messages.py) for the diagram's words: both languages with the same
+    placeholders, Chinese punctuation beside Chinese words, no English sentence in Chinese, x and × each in
+    its language."""
     from grader.feedback import timeline_words
     from grader.feedback.messages import CATALOG
-    assert all(f"timeline.{key}" in CATALOG for key in timeline_words.WORDS)
-    test_teach_messages.test_catalog_has_both_languages_with_the_same_placeholders()
-    test_teach_messages.test_chinese_is_chinese_throughout()
-    test_teach_messages.test_formulas_are_written_one_way_per_language()
+    cjk = "\u4e00-\u9fff"
+    for key, (zh, en) in timeline_words.WORDS.items():
+        assert CATALOG[f"timeline.{key}"] == (zh, en) and zh and en and zh != en, key
+        assert set(re.findall(r"\{(\w+)", zh)) == set(re.findall(r"\{(\w+)", en)), key
+        assert not re.search(f"[{cjk}][:,;?!]|[:,;?!] ?[{cjk}]|[{cjk}]\\(|\\)[{cjk}]", zh), (key, zh)
+        prose = re.sub(r"\{[^}]*\}|\S*[._=()\[\]/*]\S*", " ", zh)
+        assert not re.search(r"\b[A-Za-z]{2,} [A-Za-z]{2,}\b", prose), (key, zh)
+        assert "×" not in en, key
     zh = timeline.page(runview.view(seed_deadlock()), "zh", "ring.py")
     shown = [t.text() for t in parse(zh).find_all("text")] + [t.text() for t in parse(zh).find_all("title")]
     assert "‖ 卡在 send（第 14 行）" in shown and "进程 1 没有发起与它匹配的 recv" in shown

@@ -1,8 +1,8 @@
 """A run as the switch recorded it, reduced to what a picture of it needs: plain data for the space-time
 diagram (timeline.py) and the trace-event file (trace.py).
 
-`view(run)` reads the run by its attributes only (run.request.world_size, run.stop, run.stop_rank, and per
-rank .calls, .inside, .result, .exit), never through the process modules: every operation of every rank,
+`view(run)` reads a run's records (grader/records.py: run.request.world_size, run.stop, run.stop_rank, and
+per rank .calls, .inside, .result, .exit) by their attributes, never through the process modules: every operation of every rank,
 when the switch took it and when it completed on the switch's clock (a count of the frames it received and
 the operations it completed, not seconds), its group, the sizes and dtypes of what it sent or received, its
 partners, and the line the rank said it called from. No value is ever read, nor an exception's message (a
@@ -165,7 +165,7 @@ def view(run, place=None) -> RunView:
         out.hidden = _hidden(calls, cut)
     drawn = {(c.rank, c.seq) for cs in kept for c in cs}
     groups: dict[tuple, int] = {}
-    waiting = {rec.rank: rec.inside.seq for rec in records if getattr(rec, "inside", None) is not None}
+    waiting = {rec.rank: rec.inside.seq for rec in records if rec.inside is not None}
     pending: dict[tuple, set] = {}   # the collectives not completed: who had made each
     for cs in calls:
         for c in cs:
@@ -286,23 +286,21 @@ def _waits_for(call, collective: bool, pending: dict) -> tuple:
 
 def _end(rec, calls: list, stop: str, stop_rank, place) -> End:
     at = _last(calls)
-    result = getattr(rec, "result", None)
+    result = rec.result   # records.RankResult: how the entry function ended, as the rank said
     if result is not None:
-        how = result.get("how")
-        error = result.get("error") or {}
+        error = result.error or {}
         frames = error.get("frames") or []
         last = frames[-1] if frames and isinstance(frames[-1], dict) else {}
         kind = str(error.get("type") or "")[:60] or None
-        if how == "return":
+        if result.how == "return":
             return End(rec.rank, "returned", at)
-        if how == "exit":
+        if result.how == "exit":
             return End(rec.rank, "exited", at)
-        if how == "load_error":
-            return End(rec.rank, "load_error", at, kind, place(last.get("line"), last.get("file")))
-        return End(rec.rank, "raised", at, kind, place(last.get("line"), last.get("file")))
-    if getattr(rec, "inside", None) is not None:
+        how = "load_error" if result.how == "load_error" else "raised"
+        return End(rec.rank, how, at, kind, place(last.get("line"), last.get("file")))
+    if rec.inside is not None:
         return End(rec.rank, "blocked", at)
-    exit_info = getattr(rec, "exit", None) or {}
+    exit_info = rec.exit or {}
     own = stop == "completed" or stop_rank == rec.rank   # not the grader stopping the run
     if exit_info.get("signal") is not None and own:
         return End(rec.rank, "killed", at, signal=exit_info.get("signal"))
