@@ -17,6 +17,7 @@ from conftest import FIXTURES, run_cli
 from htmltree import parse
 from grader.exercise.spec import Check, Exercise, Quantity
 from grader.integrations import classreport
+from grader.integrations.batch.discover import results_name, timeline_name
 from grader.integrations.classpage import page
 from grader.integrations.classreport import OTHER, build, causes_csv, named_causes, terminal
 
@@ -291,6 +292,28 @@ def test_batch_report_equals_the_gradebook(graded):
     assert "  cause.summed_not_averaged: 2 students: Cause: gradient is world_size times the mean" in proc.stdout
     assert re.search(r"students: <img src=x onerror=console\.error\(1\)> & 'q', bob\n", proc.stdout)
     assert "Class report: " in proc.stdout and str(out / "report.html") in proc.stdout
+
+
+@pytest.mark.timeout(150)
+def test_each_students_row_links_the_diagram_of_their_visible_run(graded):
+    """batch draws each graded student's run at the visible world size beside their results; the report's row
+    links it. A submission that never ran (a syntax error, an empty file) has no page and no link."""
+    _, out, _ = graded
+    doc = parse((out / "report.html").read_text(encoding="utf-8"))
+    rows = {r.attrs["data-student"]: r for r in doc.find("table", id="student-table").find_all("tr", data_student=True)}
+    for name, fixture in NAMES.items():
+        data = json.loads((out / results_name(name)).read_text(encoding="utf-8"))
+        links = rows[name].find_all("a")
+        if name in ("carol", "erin"):
+            assert not links and "timeline" not in data["extra_data"]["batch"] and not (out / timeline_name(name)).exists()
+            continue
+        (link,) = links
+        assert link.attrs["href"] == timeline_name(name) == data["extra_data"]["batch"]["timeline"] and link.text() == name
+        page = parse((out / link.attrs["href"]).read_text(encoding="utf-8"))
+        assert page.find("svg", data_kind="timeline").attrs["data-world-size"] == "2"   # the visible run only
+        ops = page.find_all("g", data_kind="op")
+        assert {(g.attrs["data-name"], g.attrs["data-state"]) for g in ops} == {("all_reduce", "ok"), ("all_gather", "ok")}
+        assert not page.find_all("img")   # the hostile name is text in its page too
 
 
 @pytest.mark.timeout(150)
