@@ -163,7 +163,6 @@ def view(run, place=None) -> RunView:
     kept = [[c for c in cs if cut is None or c.entered_at <= cut[0] or c.entered_at >= cut[1]] for cs in calls]
     if cut is not None:
         out.hidden = _hidden(calls, cut)
-    drawn = {(c.rank, c.seq) for cs in kept for c in cs}
     groups: dict[tuple, int] = {}
     waiting = {rec.rank: rec.inside.seq for rec in records if rec.inside is not None}
     pending: dict[tuple, set] = {}   # the collectives not completed: who had made each
@@ -180,7 +179,15 @@ def view(run, place=None) -> RunView:
         out.groups.append(ranks)
         label = "{" + ",".join(map(str, ranks)) + "}"
         out.group_names.append(label + "'" * sum(1 for g in out.groups[:-1] if g == ranks))
-    seen = set()
+    out.messages, out.bands = _links(kept, {(c.rank, c.seq) for cs in kept for c in cs}, groups)
+    out.ends = [_end(rec, calls[r], stop, run.stop_rank, place) for r, rec in enumerate(records)]
+    return out
+
+
+def _links(kept: list[list], drawn: set, groups: dict) -> tuple[list[Message], list[Band]]:
+    """The messages and the collectives between drawn operations (one left out of the picture takes its
+    links with it: the caption counts it)."""
+    messages, bands, seen = [], [], set()
     for cs in kept:
         for call in cs:
             if not call.completed or not call.partners:
@@ -189,20 +196,17 @@ def view(run, place=None) -> RunView:
                 send = next(iter(call.partners.values()))
                 if (send.rank, send.seq) in drawn:
                     numel, dtype = _size(send)
-                    out.messages.append(Message(send.rank, send.seq, call.rank, call.seq, numel, dtype,
-                                                send.entered_at, call.completed_at, call.ok and send.ok))
+                    messages.append(Message(send.rank, send.seq, call.rank, call.seq, numel, dtype,
+                                            send.entered_at, call.completed_at, call.ok and send.ok))
             elif call.op != "send":
-                key = (call.group, call.gname, call.index)
+                key = (tuple(call.group), call.gname, call.index)
                 members = [call.partners[g] for g in sorted(call.partners)]
                 if key in seen or not all((m.rank, m.seq) in drawn for m in members):
                     continue
                 seen.add(key)
-                out.bands.append(Band(call.api or call.op, groups[(call.group, call.gname)], call.group,
-                                      tuple(m.seq for m in members), call.completed_at,
-                                      all(m.ok for m in members), call.index))
-    out.bands.sort(key=lambda b: b.at)
-    out.ends = [_end(rec, calls[r], stop, run.stop_rank, place) for r, rec in enumerate(records)]
-    return out
+                bands.append(Band(call.api or call.op, groups[key[:2]], tuple(call.group), tuple(m.seq for m in members),
+                                  call.completed_at, all(m.ok for m in members), call.index))
+    return messages, sorted(bands, key=lambda b: b.at)
 
 
 def rows(view: RunView, most: int | None = None) -> tuple[dict[tuple[int, int], int], list[int]]:

@@ -64,8 +64,8 @@ def _labels(op: runview.Op, view: RunView) -> tuple[str, str]:
     arrow = "" if op.collective else ("→" if op.op == "send" else "←") + ("?" if op.peer is None else str(op.peer))
     group = view.group_names[op.group]
     whole = view.groups[op.group] == tuple(range(view.world_size))
-    size = f"{op.numel}×{op.dtype}"
-    return mark + op.name + arrow, size if not op.collective and whole else f"{group} {size}"
+    size = f"{op.numel}×{op.dtype}" if op.dtype != "?" else ""   # a barrier carries nothing
+    return mark + op.name + arrow, size if not op.collective and whole else f"{group} {size}".strip()
 
 
 def _title(op: runview.Op, view: RunView, lang: str) -> str:
@@ -75,7 +75,8 @@ def _title(op: runview.Op, view: RunView, lang: str) -> str:
     if not op.collective:
         key = "op_any" if op.peer is None else "op_to" if op.op == "send" else "op_from"
         parts.append(say(key, {"peer": op.peer}, lang))
-    parts.append(say("op_size", {"numel": op.numel, "dtype": op.dtype}, lang))
+    if op.dtype != "?":
+        parts.append(say("op_size", {"numel": op.numel, "dtype": op.dtype}, lang))
     if op.line is not None:
         parts.append(say("op_line", {"line": op.line}, lang))
     parts.append(say("op_time", {"entered": op.entered, "completed": op.completed}, lang) if op.completed is not None
