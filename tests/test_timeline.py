@@ -185,6 +185,11 @@ def test_a_long_run_keeps_its_first_and_last_operations_and_counts_the_rest():
     assert min(op.entered for op in v.ops) == 1                                 # and the start
     page = timeline.page(v, "en", "long.py")
     assert f"{v.hidden.ops} operations between clocks" in page
+    doc = trace.events(v, "en")
+    check_trace(doc)
+    assert doc["otherData"]["not_drawn"] == v.hidden.ops
+    assert sorted(e["args"]["operations"]["all_reduce"] for e in doc["traceEvents"] if e.get("cat") == "not_drawn") == \
+        sorted(count for _, count, _ in v.hidden.per_rank)
 
 
 def test_the_page_stays_under_its_bound_whatever_the_run():
