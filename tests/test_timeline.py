@@ -170,6 +170,16 @@ def test_how_a_run_ended_is_in_its_view():
     assert v.stop == "timeout" and [e.how for e in v.ends] == ["blocked", "running"]
 
 
+def test_a_notebooks_lines_are_its_cells_lines():
+    """A notebook's code is graded as its cells joined: a line is shown where the student sees it."""
+    from grader.model import CellLines
+    v = runview.view(seed_deadlock(2), lambda line, file: CellLines(((3, line - 10),)))
+    assert [op.line for op in v.ops] == [CellLines(((3, 4),))] * 2
+    shown = [t.text() for t in parse(timeline.page(v, "en")).find_all("text")]
+    assert "‖ blocked in send (cell 3, line 4)" in shown
+    assert {e["args"]["line"] for e in trace.events(v, "en")["traceEvents"] if e["ph"] == "X"} == {"cell 3, line 4"}
+
+
 def test_a_long_run_keeps_its_first_and_last_operations_and_counts_the_rest():
     sim = Sim(4, perturb=False)
     for _ in range(1500):
