@@ -33,19 +33,21 @@ def choose_exercise(submission: loader.Submission, name: str | None, extra: list
 
 def grade_path(path: Path, *, runner: Runner, exercise: str | Exercise | None = None, include_hidden: bool = True,
                backend: str = "auto", show_output: bool = True, real_backend: bool = True,
-               exercises_dir: list[str] | None = None) -> GradingResult:
+               exercises_dir: list[str] | None = None, timeline: bool = False) -> GradingResult:
     return grade(loader.load(path), runner=runner, exercise=exercise, include_hidden=include_hidden,
-                 backend=backend, show_output=show_output, real_backend=real_backend, exercises_dir=exercises_dir)
+                 backend=backend, show_output=show_output, real_backend=real_backend, exercises_dir=exercises_dir,
+                 timeline=timeline)
 
 
 def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exercise | None = None,
           include_hidden: bool = True, backend: str = "auto", show_output: bool = True, real_backend: bool = True,
-          exercises_dir: list[str] | None = None) -> GradingResult:
+          exercises_dir: list[str] | None = None, timeline: bool = False) -> GradingResult:
     """Grade one submission. Never raises: a failure of the grader itself becomes a zero with the traceback.
 
     show_output: someone waits for this grading and reads its output (`check`, `grade`): the runs that may
     be needed start at once (plan.py). real_backend: run the code once on torch's own gloo / NCCL at the
-    visible world size too (its output, its real times; failing there costs that world size's points)."""
+    visible world size too (its output, its real times; failing there costs that world size's points).
+    timeline: keep the visible world size's run as a picture's data (result.timeline, feedback/runview.py)."""
     started = time.monotonic()
     try:
         chosen = exercise if isinstance(exercise, Exercise) else choose_exercise(submission, exercise, exercises_dir)
@@ -65,7 +67,7 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
     try:
         # a student's numbers may overflow or be NaN: the checks judge them, numpy need not warn on stderr
         with np.errstate(all="ignore"):
-            result = _grade(submission, chosen, checks, runner, backend, show_output, real_backend)
+            result = _grade(submission, chosen, checks, runner, backend, show_output, real_backend, timeline)
     except Exception:
         result = GradingResult(submission.filename, [CheckResult(c, Outcome.GRADER_ERROR) for c in checks],
                                exercise=chosen.name, grader_error=traceback.format_exc())
@@ -75,7 +77,7 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
 
 
 def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str, show_output: bool,
-           real_backend: bool) -> GradingResult:
+           real_backend: bool, timeline: bool = False) -> GradingResult:
     result = GradingResult(submission.filename, [], exercise=exercise.name)
     result.summary += [Note(n.key, n.params) for n in getattr(submission, "notes", ())]
     static_checks = [c for c in checks if c.kind == "static"]
@@ -126,9 +128,20 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         shown = ws_runs.real or ws_runs.clean   # what the student's code printed (never a perturbed run's numbers)
         if shown is not None:
             result.outputs = [(rec.rank, rec.output_text(), rec.output_total) for rec in shown.ranks if rec.output_total]
+        if timeline:
+            result.timeline = _picture(ws_runs, submission)
         if real_backend and backend == "nccl" and ws_runs.real is None and plan.backend_for(visible[0], backend, runner.gpus) is None:
             result.summary.append(Note("backend.nccl_unavailable", {"ws": visible[0], "gpus": runner.gpus}))
     return result
+
+
+def _picture(ws_runs, submission):
+    """The visible run a student may see: the clean run where there is one (what the code does unperturbed),
+    else the perturbed run, of which the picture keeps sizes and times, never a value. Imported only here:
+    a grading that draws nothing loads nothing of it."""
+    from .feedback import runview
+    run = ws_runs.clean or (ws_runs.perturbed[0] if ws_runs.perturbed else None)
+    return None if run is None else runview.view(run, lines.placer(getattr(submission, "line_map", None)))
 
 
 def _run_summary(run) -> dict:

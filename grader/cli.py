@@ -2,6 +2,7 @@
 
     python -m grader list                            # the exercises, their points and visible world sizes
     python -m grader check my_solution.py            # visible checks; exit 0 iff all pass
+    python -m grader check my_solution.py --timeline run.html --trace run.json   # and pictures of the run
     python -m grader grade SUBMISSION --results results.json [--exercise NAME] [--lang zh|en]
 """
 from __future__ import annotations
@@ -51,10 +52,36 @@ def _exercise_options(p: argparse.ArgumentParser) -> None:
                    help="also look for exercises in DIR (an exercise folder, or a folder of them)")
 
 
+def _pictures(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeline", metavar="PATH.html", default=None,
+                   help="write a space-time diagram of the run at the visible world size (a self-contained HTML page)")
+    p.add_argument("--trace", metavar="PATH.json", default=None,
+                   help="write the same run as Chrome trace-event JSON (open it in ui.perfetto.dev or chrome://tracing)")
+
+
 def _grade(args, path: Path, include_hidden: bool):
     with Runner(limits=_limits(args), sandbox=not args.no_sandbox) as runner:
         return api.grade_path(path, runner=runner, exercise=args.exercise, include_hidden=include_hidden,
-                              backend=args.backend, exercises_dir=args.exercises_dir)
+                              backend=args.backend, exercises_dir=args.exercises_dir,
+                              timeline=bool(args.timeline or args.trace))
+
+
+def _draw(args, result, path: Path) -> bool:
+    """Write the pictures asked for (imported only then: a check that draws nothing loads nothing of them);
+    False, said on stderr, where one cannot be written."""
+    if not (args.timeline or args.trace):
+        return True
+    from .feedback import timeline, trace
+    lang = args.lang or default_lang()
+    try:
+        if args.timeline:
+            write_atomic(Path(args.timeline), timeline.page(result.timeline, lang, path.name))
+        if args.trace:
+            trace.write(result.timeline, Path(args.trace), lang)
+    except OSError as err:
+        print(f"cannot write {err.filename or args.timeline or args.trace}: {err.strerror or err}", file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_check(args) -> int:
@@ -65,7 +92,7 @@ def cmd_check(args) -> int:
         return EXIT_USAGE
     result = _grade(args, path, include_hidden=False)
     sys.stdout.write(text_report(result, lang))
-    if _unreadable(result):
+    if _unreadable(result) or not _draw(args, result, path):
         return EXIT_USAGE
     return 0 if result.all_passed else 1
 
@@ -92,7 +119,8 @@ def cmd_grade(args) -> int:
     sys.stdout.write(text_report(result, lang, staff=True))
     if result.grader_error:
         print(result.grader_error, file=sys.stderr)
-    return EXIT_USAGE if _unreadable(result) else 0
+    drawn = _draw(args, result, path)
+    return EXIT_USAGE if _unreadable(result) or not drawn else 0
 
 
 def _unreadable(result) -> bool:
@@ -138,11 +166,13 @@ def build_parser(prog: str = "python -m grader") -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="run the visible checks on your own solution")
     p.add_argument("submission")
     _common(p)
+    _pictures(p)
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("grade", help="full grade (hidden checks included) and results.json")
     p.add_argument("submission")
     p.add_argument("--results", help="where to write results.json (Gradescope schema)")
     _common(p)
+    _pictures(p)
     p.set_defaults(func=cmd_grade)
     for register in (batch.register, gradescope.register, bench.register):
         register(sub, _common)

@@ -94,6 +94,8 @@ class GradingResult:
     exercise_title: tuple[str, str] = ("", "")            # (zh, en), set by api.grade
     exercise_total: float = 0.0                           # the points of every check, hidden ones included
     entry: str = ""                                       # the exercise's entry function
+    timeline: object = None                               # asked for (api.grade(timeline=True)): the visible
+    #                                                       run as feedback/runview.RunView, sizes and times only
 
     @property
     def score(self) -> float:

@@ -6,19 +6,18 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from browser import open_in_browser
 from conftest import FIXTURES, run_cli
 from htmltree import parse
 from grader.exercise.spec import Check, Exercise, Quantity
 from grader.integrations import classreport
+from grader.integrations.batch.discover import results_name, timeline_name
 from grader.integrations.classpage import page
 from grader.integrations.classreport import OTHER, build, causes_csv, named_causes, terminal
 
@@ -296,6 +295,28 @@ def test_batch_report_equals_the_gradebook(graded):
 
 
 @pytest.mark.timeout(150)
+def test_each_students_row_links_the_diagram_of_their_visible_run(graded):
+    """batch draws each graded student's run at the visible world size beside their results; the report's row
+    links it. A submission that never ran (a syntax error, an empty file) has no page and no link."""
+    _, out, _ = graded
+    doc = parse((out / "report.html").read_text(encoding="utf-8"))
+    rows = {r.attrs["data-student"]: r for r in doc.find("table", id="student-table").find_all("tr", data_student=True)}
+    for name, fixture in NAMES.items():
+        data = json.loads((out / results_name(name)).read_text(encoding="utf-8"))
+        links = rows[name].find_all("a")
+        if name in ("carol", "erin"):
+            assert not links and "timeline" not in data["extra_data"]["batch"] and not (out / timeline_name(name)).exists()
+            continue
+        (link,) = links
+        assert link.attrs["href"] == timeline_name(name) == data["extra_data"]["batch"]["timeline"] and link.text() == name
+        page = parse((out / link.attrs["href"]).read_text(encoding="utf-8"))
+        assert page.find("svg", data_kind="timeline").attrs["data-world-size"] == "2"   # the visible run only
+        ops = page.find_all("g", data_kind="op")
+        assert {(g.attrs["data-name"], g.attrs["data-state"]) for g in ops} == {("all_reduce", "ok"), ("all_gather", "ok")}
+        assert not page.find_all("img")   # the hostile name is text in its page too
+
+
+@pytest.mark.timeout(150)
 def test_a_resumed_batch_rebuilds_the_same_report(graded):
     cls, out, _ = graded
     before = (out / "report.html").read_bytes(), (out / "causes.csv").read_bytes()
@@ -304,30 +325,6 @@ def test_a_resumed_batch_rebuilds_the_same_report(graded):
     again = run_cli("batch", str(cls), "--out", str(out), "--exercise", "dist_primitives", "--lang", "en")
     assert again.returncode == 0 and f"Graded 0, reused {len(NAMES)}" in again.stdout, again.stdout + again.stderr
     assert ((out / "report.html").read_bytes(), (out / "causes.csv").read_bytes()) == before
-
-
-def chromium() -> str:
-    """Debian's chromium (.ci/run installs it). Required in CI; elsewhere its absence skips, saying why."""
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not found:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed: .ci/run installs it with apt-get")
-        pytest.skip("chromium is not installed (apt-get install chromium; .ci/run does): report.html not opened in a browser")
-    return found
-
-
-def open_in_browser(url: str, profile: Path) -> tuple[str, list[str]]:
-    """Chromium headless: the DOM after the page's script ran, and every console message it logged."""
-    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr", "--v=0",
-           f"--user-data-dir={profile}", "--virtual-time-budget=2000", "--dump-dom", url]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        dom, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return dom, [line for line in err.splitlines() if ":CONSOLE" in line]
 
 
 @pytest.mark.timeout(200)

@@ -46,6 +46,15 @@ def in_cells(result: GradingResult, line_map) -> GradingResult:
                    teaching=[note(n) for n in result.teaching])
 
 
+def placer(line_map):
+    """place(line, file): a line the switch recorded as the student sees it (in a notebook, CellLines through
+    the file a cell wrote, or the joined cells); without a map, the line as it is."""
+    if line_map is None:
+        return lambda line, file: line
+    return lambda line, file: _place(line, line_map.files.get(file, line_map.source) if isinstance(file, str)
+                                     else line_map.source)
+
+
 def _place(value, lines: dict):
     """A line (or a list of lines) as CellLines, when the map holds every one of them."""
     numbers = value if isinstance(value, (list, tuple)) else [value]

@@ -601,6 +601,7 @@ CATALOG: dict[str, tuple[str, str]] = {
     "classreport.no_causes": ("没有未通过的测试。", "No check failed."),
     "classreport.example": ("{student}，{check}", "{student}, {check}"),
     "classreport.students": ("学生", "Students"),
+    "classreport.timeline": ("打开这个学生在可见进程数下那次运行的时空图", "Open the space-time diagram of this student's run at the visible world size"),
     "classreport.sort_note": ("点击表头即可按该列排序，再点一次倒序。", "Click a column's title to sort by it; click again to reverse."),
     "classreport.col_student": ("学生", "Student"),
     "classreport.col_score": ("总分", "Score"),

@@ -9,6 +9,7 @@ data-passed ...) beside the text a reader sees, so tests read the same numbers t
 from __future__ import annotations
 
 import html
+from urllib.parse import quote
 
 from ..feedback.messages import render
 from .classreport import OTHER, ClassReport, cause_words, check_words, mean_median, printable
@@ -160,6 +161,13 @@ def who(students: list[str], comma: str) -> str:
     return names if len(students) <= WHO_SHOWN else f"<details><summary>{len(students)}</summary>{names}</details>"
 
 
+def name_cell(s, t) -> str:
+    """The student's name, a link to the space-time diagram of their visible run where batch drew one."""
+    if s.timeline is None:
+        return esc(s.name)
+    return f'<a href="{esc(quote(s.timeline))}" title="{t("classreport.timeline")}">{esc(s.name)}</a>'
+
+
 def students_section(report: ClassReport, t) -> str:
     cols = (("classreport.col_student", "text"), ("classreport.col_score", "number"), ("classreport.col_verdict", "text"),
             ("classreport.col_causes", "text"))
@@ -172,7 +180,7 @@ def students_section(report: ClassReport, t) -> str:
     for i, s in enumerate(report.students):
         causes = comma.join(f'<code title="{esc(own.get((s.name, k), ""))}">{esc(cause_words(k, report.lang))}</code>' for k in s.causes)
         rows.append(f'<tr data-index="{i}" data-student="{esc(s.name)}"{" class=pass" if s.verdict == "pass" else ""}>'
-                    f'<td>{esc(s.name)}</td><td class="num" data-sort="{num(s.score)}">{num(s.score)}</td>'
+                    f'<td>{name_cell(s, t)}</td><td class="num" data-sort="{num(s.score)}">{num(s.score)}</td>'
                     f'<td>{esc(s.verdict)}</td><td data-sort="{esc(" ".join(s.causes))}">{causes}</td></tr>')
     return (f'<section id="students"><h2>{t("classreport.students")}</h2><p class="note">{t("classreport.sort_note")}</p>'
             f'<table id="student-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')

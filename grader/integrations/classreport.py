@@ -41,6 +41,7 @@ WHOLE = "*"              # the check of a cause that stopped the whole submissio
 BLANKET = ("not_submitted", "syntax_error", "no_entry", "no_exercise")   # outcomes of nothing that could be graded
 NOT_ABOUT_THE_CODE = ("fail.stopped", "fail.grader", "fail.grader_run")
 TERMINAL_CAUSES = 3      # named causes shown per check on the terminal (then "other")
+TIMELINE_NAME = re.compile(r"[\w.\-]+\.timeline\.html")   # a page batch wrote beside the results: no path
 TERMINAL_NAMES = 10      # students named per cause on the terminal (all of them: causes.csv, report.html)
 TERMINAL_TEXT = 110      # characters of a cause's example words on the terminal
 
@@ -86,6 +87,7 @@ class StudentFigures:
     score: float
     verdict: str
     causes: list[str]            # distinct keys, in rubric order of the checks they explain
+    timeline: str | None = None  # the page of the student's visible run, beside its results (batch)
 
 
 @dataclass
@@ -261,7 +263,9 @@ def build(rows: list[tuple[str, dict]], exercise, lang: str) -> ClassReport:
             score = float(data.get("score", 0))
         except (TypeError, ValueError):
             score = 0.0
-        students.append(StudentFigures(name, score, printable(verdict(data, exercise)), list(dict.fromkeys(mine))))
+        page = _dict(extra.get("batch")).get("timeline")
+        page = page if isinstance(page, str) and TIMELINE_NAME.fullmatch(page) else None
+        students.append(StudentFigures(name, score, printable(verdict(data, exercise)), list(dict.fromkeys(mine)), page))
         traffic += traffic_of(name, extra)
     for check in checks:
         check.causes = dict(sorted(check.causes.items(), key=lambda kv: (kv[0] == OTHER, -len(kv[1]), kv[0])))

@@ -1,7 +1,8 @@
 """The in-notebook check: grade the `run_worker` this kernel defined, with real rank processes.
 
     from grader.integrations import nbcheck
-    nbcheck.report("dist_primitives")                 # the report `python -m grader check` prints
+    nbcheck.report("dist_primitives")                 # the report `python -m grader check` prints, and the
+                                                      # space-time diagram of the visible run below it
     nbcheck.check("ws2.all_reduce", "dist_primitives")  # one check: prints its verdict, raises CheckFailed
 
 Why source text: processes cannot import a function defined in a notebook cell (pickling by reference
@@ -152,7 +153,7 @@ def grade_source(source: str, *, exercise: str | None = None, key: str | None = 
                 runner_factory = lambda: Runner(limits=Limits(wall_s=wall_s))  # noqa: E731
             with runner_factory() as runner:
                 result = api.grade(load.from_source(source, filename), runner=runner, exercise=exercise,
-                                   include_hidden=True)
+                                   include_hidden=True, timeline=True)
         except Exception:
             result = _failed(filename, traceback.format_exc())
     while len(_CACHE) >= CACHE_SIZE:
@@ -205,3 +206,20 @@ def report(exercise: str | None = None, lang: str | None = None) -> None:
     result = current(exercise)
     visible = dataclasses.replace(result, checks=[c for c in result.checks if not c.spec.hidden])
     print(text_report(visible, lang), end="")   # it says how many points the hidden checks hold
+    show_timeline(result, lang)
+
+
+def show_timeline(result: GradingResult, lang: str) -> None:
+    """The space-time diagram of the visible run, inline under the report (in IPython only: elsewhere the
+    report is all there is)."""
+    if result.timeline is None:
+        return
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        return
+    if get_ipython() is None:
+        return
+    from ..feedback import timeline
+    display(HTML(timeline.figure(result.timeline, lang)))

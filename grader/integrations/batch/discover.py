@@ -47,6 +47,11 @@ def results_name(student: str) -> str:
     return f"{readable}-{digest}.json" if readable else f"{digest}.json"
 
 
+def timeline_name(student: str) -> str:
+    """OUT/<this>: the page of the student's visible run, named after its results file."""
+    return results_name(student)[:-len(".json")] + ".timeline.html"
+
+
 def _student_name(entry_name: str, is_dir: bool) -> str | None:
     """The student an entry of the class folder stands for, or None when it does not look like one."""
     if is_dir:

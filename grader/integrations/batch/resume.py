@@ -16,7 +16,7 @@ from pathlib import Path
 from ...feedback.results import write_atomic
 from ...submission import load as loader
 from ..gradebook import printable
-from .discover import Student, results_name
+from .discover import Student, results_name, timeline_name
 
 
 def content_hash(path: Path) -> str:
@@ -74,10 +74,21 @@ def lock(out: Path):
     return handle
 
 
-def save(out: Path, student: Student, data: dict, lang: str, exercise) -> dict:
-    """Write OUT/<results_name>; a failure to write is recorded in the row (the gradebook still lists it)."""
+def save(out: Path, student: Student, data: dict, lang: str, exercise, timeline: str | None = None) -> dict:
+    """Write OUT/<results_name>, and beside it the page of the student's visible run (OUT/<name>.timeline.html,
+    named in the results: the class report links it); a failure to write is recorded in the row (the
+    gradebook still lists it)."""
     extra = data.setdefault("extra_data", {})
     extra["batch"] = {"content_hash": student.digest, "lang": lang, "rubric": exercise.rubric_key(), "entry": printable(student.path.name)}
+    page = out / timeline_name(student.name)
+    try:
+        if timeline is not None:
+            write_atomic(page, timeline)
+            extra["batch"]["timeline"] = page.name
+        else:   # graded again without a run to draw: no page of an earlier grading stays beside it
+            page.unlink(missing_ok=True)
+    except OSError as err:
+        extra["write_error"] = f"{type(err).__name__}: {err}"
     try:
         write_atomic(out / results_name(student.name), json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     except (OSError, ValueError) as err:

@@ -49,8 +49,8 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
     workers: list[Worker] = []
     sel = selectors.DefaultSelector()
 
-    def finish(student: Student, data: dict) -> None:
-        results[student.name] = save(out, student, data, args.lang, args.exercise_spec)
+    def finish(student: Student, data: dict, timeline: str | None = None) -> None:
+        results[student.name] = save(out, student, data, args.lang, args.exercise_spec, timeline)
         progress.advance(printable(student.name))
 
     def worker_lost(worker: Worker) -> None:
@@ -91,7 +91,7 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
                 for msg in lines:
                     if worker.student and msg.get("name") == worker.student.name and isinstance(msg.get("results"), dict):
                         student, worker.student = worker.student, None
-                        finish(student, msg["results"])
+                        finish(student, msg["results"], msg.get("timeline") if isinstance(msg.get("timeline"), str) else None)
                 if eof:
                     worker_lost(worker)
             now = time.monotonic()

@@ -34,8 +34,10 @@ def worker_main(argv: list[str]) -> int:
     """A worker, in a fork of the batch's parent (Worker): argv is LANG BACKEND WALL_S MEMORY_MB SANDBOX TOTAL_MB
     TMP_MB EXERCISE [EXERCISES_DIR ...].
 
-    Reads {"name", "path"} lines on stdin, answers one {"name", "results"} line each on its protocol fd
-    (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol)."""
+    Reads {"name", "path"} lines on stdin, answers one {"name", "results", "timeline"} line each on its protocol
+    fd (the original stdout; fd 1 then points at stderr so nothing else can write into the protocol): the
+    timeline is the page of the student's visible run (feedback/timeline.py), or None."""
+    from ...feedback import timeline
     parent = os.getppid()
     set_parent_death_signal(signal.SIGKILL)       # the batch was SIGKILLed: this worker goes too (and so
     if os.getppid() != parent:                    # its zygote, which exits when its socket closes)
@@ -55,12 +57,13 @@ def worker_main(argv: list[str]) -> int:
             try:
                 submission = loader.load(Path(task["path"]))
                 result = api.grade(submission, runner=runner, exercise=exercise, include_hidden=True, backend=backend,
-                                   show_output=False)
+                                   show_output=False, timeline=True)
                 data = to_gradescope(result, lang)
                 data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
                 if submission.problem is not None:
                     data["extra_data"]["problem"] = submission.problem.key
-                reply = json.dumps({"name": task["name"], "results": data})
+                page = None if result.timeline is None else timeline.page(result.timeline, lang, result.submission)
+                reply = json.dumps({"name": task["name"], "results": data, "timeline": page})
             except Exception:  # this student only: the worker carries on with the next one
                 data = failed_results(loader.display_name(Path(task["path"]).name), traceback.format_exc(), lang)
                 data["extra_data"]["scores"] = {c.id: 0 for c in exercise.checks}
