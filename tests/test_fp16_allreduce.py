@@ -20,7 +20,7 @@ from conftest import FIXTURES, ROOT, run_cli
 from grader.exercise import registry
 from grader.feedback.messages import render
 from grader.integrations import release
-from grader.verify.diagnose import all_close
+from grader.verify.compare import all_close
 
 EX = "fp16_allreduce"
 FIX = FIXTURES / EX

@@ -69,7 +69,7 @@ CATALOG: dict[str, tuple[str, str]] = {
                            "{names}: declared by the reference step (combine=\"reference\", or a Mistake's knobs), but the Exercise declares no step."),
     "declare.step_fails": ("参考步骤在 {ws} 个进程的理想网络上无法运行：{error}",
                            "The reference step cannot run on an ideal network of {ws} ranks: {error}"),
-    "declare.step_missing": ("参考步骤在 {ws} 个进程时没有返回量 {names}（它要返回 {{量的名字: 数组}}）。",
+    "declare.step_missing": ("参考步骤在 {ws} 个进程时没有返回量 {names}（它要返回一个字典，键是量的名字，值是数组）。",
                              "The reference step, at {ws} ranks, does not return the quantities {names} (it returns {{quantity: array}})."),
     "declare.mistake_cause": ("Mistake 的原因必须是以 cause. 开头的消息名，而不是 {value}。",
                               "A Mistake's cause must be a message key starting with cause., not {value}."),
