@@ -68,19 +68,19 @@ CATALOG: dict[str, tuple[str, str]] = {
     "list.and": ("{rest}、{last}", "{rest} and {last}"),
     "list.broken": ("  {name}：无法加载：{path}：{error}", "  {name}: broken: {path}: {error}"),
     # --- the release of student versions (integrations/release.py): refused where it would leak an answer
-    "release.no_region": ("{where}：没有 ### BEGIN SOLUTION / ### END SOLUTION 区域，学生版本会原样含有整个答案。什么都没有发布。",
-                          "{where}: no ### BEGIN SOLUTION / ### END SOLUTION region: the student version would hold the whole "
+    "release.no_region": ("{where}：没有 {begin} / {end} 区域，学生版本会原样含有整个答案。什么都没有发布。",
+                          "{where}: no {begin} / {end} region: the student version would hold the whole "
                           "answer. Nothing was released."),
     "release.stray_marker": ("{where}：{text} 不是发布能识别的标记（{marker} 必须单独成行，一字不差），学生版本仍会含有这段内容。"
                              "什么都没有发布。",
                              "{where}: {text} is not a marker the release recognises ({marker} stands alone on its line, "
                              "spelt exactly so): the student version would still hold this region. Nothing was released."),
-    "release.nested": ("{where}：### BEGIN SOLUTION 出现在另一个答案区域（第 {opened} 行开始）里面。什么都没有发布。",
-                       "{where}: ### BEGIN SOLUTION inside another solution region (opened at line {opened}). Nothing was released."),
-    "release.unopened": ("{where}：### END SOLUTION 之前没有 ### BEGIN SOLUTION。什么都没有发布。",
-                         "{where}: ### END SOLUTION with no ### BEGIN SOLUTION before it. Nothing was released."),
-    "release.unclosed": ("{where}：这个 ### BEGIN SOLUTION 没有对应的 ### END SOLUTION。什么都没有发布。",
-                         "{where}: this ### BEGIN SOLUTION is never closed by ### END SOLUTION. Nothing was released."),
+    "release.nested": ("{where}：{begin} 出现在另一个答案区域（第 {opened} 行开始）里面。什么都没有发布。",
+                       "{where}: {begin} inside another solution region (opened at line {opened}). Nothing was released."),
+    "release.unopened": ("{where}：{end} 之前没有 {begin}。什么都没有发布。",
+                         "{where}: {end} with no {begin} before it. Nothing was released."),
+    "release.unclosed": ("{where}：这个 {begin} 没有对应的 {end}。什么都没有发布。",
+                         "{where}: this {begin} is never closed by {end}. Nothing was released."),
     # --- loading
     "load.no_file": ("文件夹 {folder} 里没有 .py 或 .ipynb 提交文件。", "Folder {folder} holds no .py or .ipynb submission."),
     "load.unreadable": ("无法读取 {file}：{error}", "Cannot read {file}: {error}"),
@@ -495,8 +495,28 @@ CATALOG: dict[str, tuple[str, str]] = {
                              "Communication volume ({ws} ranks, measured at the grader's switch; not timed on a real backend):"),
     "teach.collective_untimed": ("  进程 {rank} {op}：数据 {size} 字节，环形算法每个进程发送约 {volume} 字节（{formula}）",
                                  "  rank {rank} {op}: {size} bytes of data, a ring sends about {volume} bytes per rank ({formula})"),
-    "teach.collective": ("  进程 {rank} {op}：{ms:.2f} ms；数据 {size} 字节，环形算法每个进程发送约 {volume} 字节（{formula}），约 {bandwidth}",
-                         "  rank {rank} {op}: {ms:.2f} ms; {size} bytes of data, a ring sends about {volume} bytes per rank ({formula}), about {bandwidth}"),
+    "teach.collective_untimed_calls": ("  进程 {rank} {op}：{calls} 次，每次数据 {size} 字节，环形算法每次每个进程发送约 {volume} 字节（{formula}）",
+                                       "  rank {rank} {op}: {calls} calls, each on {size} bytes of data, a ring sends about {volume} "
+                                       "bytes per rank per call ({formula})"),
+    # times from the real-backend run (verify/teach.py): a first call includes set-up; no bandwidth from a first
+    # call or a small message
+    "teach.collective_first": ("  进程 {rank} {op}：{ms:.2f} ms（第一次调用，含建立连接的开销）；数据 {size} 字节，环形算法每个进程发送约 {volume} 字节（{formula}）",
+                               "  rank {rank} {op}: {ms:.2f} ms (its first call, set-up included); {size} bytes of data, a ring "
+                               "sends about {volume} bytes per rank ({formula})"),
+    "teach.collective_repeated": ("  进程 {rank} {op}：{calls} 次，第一次 {first_ms:.2f} ms（含建立连接的开销），其余中位数 {ms:.2f} ms；"
+                                  "每次数据 {size} 字节，环形算法每次每个进程发送约 {volume} 字节（{formula}）",
+                                  "  rank {rank} {op}: {calls} calls, the first {first_ms:.2f} ms (set-up included), then a median "
+                                  "of {ms:.2f} ms; {size} bytes of data each, a ring sends about {volume} bytes per rank per call ({formula})"),
+    "teach.collective_rate": ("  进程 {rank} {op}：{calls} 次，第一次 {first_ms:.2f} ms（含建立连接的开销），其余中位数 {ms:.2f} ms；"
+                              "每次数据 {size} 字节，环形算法每次每个进程发送约 {volume} 字节（{formula}），约 {bandwidth}",
+                              "  rank {rank} {op}: {calls} calls, the first {first_ms:.2f} ms (set-up included), then a median "
+                              "of {ms:.2f} ms; {size} bytes of data each, a ring sends about {volume} bytes per rank per call "
+                              "({formula}), about {bandwidth}"),
+    "teach.no_bandwidth": ("  没有给出带宽：第一次调用含建立连接的开销，小于 {min} 的消息主要测到的是每次调用的固定开销。"
+                           "带宽由 {command} 测量（先预热，4 KiB 到 64 MiB；适用于声明了计时函数的练习，例如 ring_allreduce）。",
+                           "  No bandwidth is given for a first call (it includes the set-up) or for a message under {min} (its time "
+                           "is mostly the call's fixed cost). {command} measures bandwidth (warmed up, 4 KiB to "
+                           "64 MiB; for exercises that declare a function to time, such as ring_allreduce)."),
     "teach.p2p": ("  进程 {rank}：发送 {sends} 次共 {sent} 字节（给进程 {to}），接收 {recvs} 次共 {received} 字节（来自进程 {frm}）",
                   "  rank {rank}: {sends} sends, {sent} bytes (to rank {to}); {recvs} receives, {received} bytes (from rank {frm})"),
     "status.passed": ("通过", "passed"),

@@ -35,7 +35,7 @@ class Refused(ValueError):
 
     def __init__(self, key: str, **params):
         super().__init__(f"{key}: {params}")
-        self.key, self.params = key, params
+        self.key, self.params = key, {"begin": BEGIN, "end": END, **params}
 
 
 def _where(path, line: int, cell: int | None = None):
