@@ -60,7 +60,10 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
             entries = []
         own = submission.problem or static.own_problem(submission.source, submission.filename, entries,
                                                        getattr(submission, "files", None))
-        result = GradingResult(submission.filename, [], summary=[Note(p.key, p.params) for p in (own,) if p] + [Note(err.key, err.params)])
+        # a file that is empty, does not parse or starts no exercise cannot tell its exercise either: its own
+        # problem is the news, and choosing an exercise would not change it (an unknown --exercise still is)
+        said = [Note(err.key, err.params)] if own is None or err.key != "exercise.ambiguous" else []
+        result = GradingResult(submission.filename, [], summary=[Note(p.key, p.params) for p in (own,) if p] + said)
         result.execution_time = time.monotonic() - started
         return lines.in_cells(result, getattr(submission, "line_map", None))
     checks = list(chosen.selected(include_hidden))
