@@ -123,6 +123,9 @@ CATALOG: dict[str, tuple[str, str]] = {
                   "Rank {rank}: your code raised NotImplementedError: the TODOs are not done yet."),
     "fail.exception": ("进程 {rank} 抛出异常 {type}: {message}（{frames}）",
                        "Rank {rank} raised {type}: {message} ({frames})"),
+    "fail.mismatch_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 无法与其他进程的调用配对，各进程调用的通信操作不一致（或形状不同）（{frames}）",
+                             "Rank {rank} raised {type}: its {op} could not be paired with the other ranks' calls, since the "
+                             "ranks called different operations, or the same one with different shapes ({frames})"),
     "fail.sys_exit": ("进程 {rank} 调用了 sys.exit({code})，没有返回结果。",
                       "Rank {rank} called sys.exit({code}) and returned nothing."),
     "fail.os_exit": ("进程 {rank} 在返回结果之前退出了（退出码 {code}，例如 os._exit）。",

@@ -141,9 +141,13 @@ def _signature(call: Call, args: Args) -> str:
     return f"{call.api or call.method}({', '.join(parts)})"
 
 
+# The words a rank's RuntimeError starts with when its call could not be paired (the report words it itself)
+MISMATCH_WORDS = "the ranks called different operations, or the same one with different shapes"
+
+
 def mismatch(calls: list[tuple[Call, Args]]) -> OpError:
     listing = "; ".join(f"rank {c.rank}: {_signature(c, a)}" for c, a in calls)
-    return OpError(f"the ranks called different operations, or the same one with different shapes: {listing}")
+    return OpError(f"{MISMATCH_WORDS}: {listing}")
 
 
 # -- the families of operations -------------------------------------------------------------------------
