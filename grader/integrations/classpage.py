@@ -15,6 +15,7 @@ from ..feedback.messages import render
 from .classreport import OTHER, ClassReport, cause_words, check_words, mean_median, printable
 
 WHO_SHOWN = 12     # a cause's students are listed up to this many; more are folded away (<details>)
+CAUSE_WORDS = 160  # characters of a cause's words in the students' table (all of them on hover)
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
 STYLE = """
@@ -174,11 +175,16 @@ def students_section(report: ClassReport, t) -> str:
     head = "".join(f'<th data-type="{kind}"{" class=num" if kind == "number" else ""}'
                    f'{" aria-sort=ascending" if i == 0 else ""}><button type="button">{t(key)}</button></th>'
                    for i, (key, kind) in enumerate(cols))
-    comma = esc(render("list.comma", {}, report.lang))
     own = {(c.student, c.key): c.text for c in reversed(report.causes)}     # a student's own words for a cause
+
+    def words_of(student: str, key: str) -> str:
+        """The cause in the words the student's feedback used (the catalog key stays in data-cause)."""
+        text = " ".join(str(own.get((student, key)) or cause_words(key, report.lang)).split())
+        short = text if len(text) <= CAUSE_WORDS else text[:CAUSE_WORDS - 1] + "…"
+        return f'<span class="cause-words" data-cause="{esc(key)}" title="{esc(text)}">{esc(short)}</span>'
     rows = []
     for i, s in enumerate(report.students):
-        causes = comma.join(f'<code title="{esc(own.get((s.name, k), ""))}">{esc(cause_words(k, report.lang))}</code>' for k in s.causes)
+        causes = "<br>".join(words_of(s.name, k) for k in s.causes)
         rows.append(f'<tr data-index="{i}" data-student="{esc(s.name)}"{" class=pass" if s.verdict == "pass" else ""}>'
                     f'<td>{name_cell(s, t)}</td><td class="num" data-sort="{num(s.score)}">{num(s.score)}</td>'
                     f'<td>{esc(s.verdict)}</td><td data-sort="{esc(" ".join(s.causes))}">{causes}</td></tr>')
