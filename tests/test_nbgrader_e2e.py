@@ -305,8 +305,15 @@ def autograded(course):
     # no warning a TA would have to learn to ignore: every one autograde prints is dave's tampering (the
     # kernel's "running over TCP without encryption", SQLAlchemy's "not in session" and generate_feedback's
     # "display_data_priority not recognized" are answered at their source: docs/nbgrader.md)
-    warned = [line for line in log.splitlines() if re.search(r"warn", line, re.I)]
-    assert all("Attribute 'checksum' for cell " in line for line in warned), "\n".join(warned)
+    warned, where = {}, None
+    for line in log.splitlines():
+        if "Sanitizing " in line:
+            where = tuple(Path(line.split("Sanitizing ", 1)[1].strip()).parts[-3:-1])
+        elif re.search(r"warn", line, re.I):
+            warned.setdefault(where, []).append(line)
+    assert set(warned) <= {("dave", A)}, warned
+    tampering = ("Attribute 'points' for cell ", "Attribute 'checksum' for cell ", "Missing grade cell ")
+    assert all(any(t in line for t in tampering) for line in warned.get(("dave", A), [])), warned
     assert not re.search(r"warn", feedback_log, re.I), feedback_log
     nbgrader(course, "export")
     with open(course / "grades.csv", newline="") as fh:
