@@ -141,8 +141,7 @@ def _signature(call: Call, args: Args) -> str:
     return f"{call.api or call.method}({', '.join(parts)})"
 
 
-# The words a rank's RuntimeError starts with when its call could not be paired (the report words it itself)
-MISMATCH_WORDS = "the ranks called different operations, or the same one with different shapes"
+MISMATCH_WORDS = "the ranks called different operations, or the same one with different shapes"   # diagnose rewords it
 
 
 def mismatch(calls: list[tuple[Call, Args]]) -> OpError:
