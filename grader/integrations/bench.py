@@ -45,7 +45,7 @@ def declared(exercise) -> tuple[str, str] | None:
 def run_bench(submission, exercise, *, sizes=SIZES, world_sizes=WORLD_SIZES, runner=None, wall_s: float = 40.0) -> dict:
     """{"rows": [{"ws", "impl", "bytes", "ms", "reps", "algbw", "busbw"}], "errors": [str], "function", "baseline"}."""
     from ..processes.runner import Runner, RunRequest
-    from ..processes.sandbox import Limits
+    from ..processes.limits import Limits
     function, baseline = declared(exercise)
     options = BenchOptions(sizes=tuple(sizes), baseline=baseline, budget=BUDGET)
     own = runner is None

@@ -147,7 +147,7 @@ def grade_source(source: str, *, exercise: str | None = None, key: str | None = 
             from .. import api
             if runner_factory is None:
                 from ..processes.runner import Runner
-                from ..processes.sandbox import Limits
+                from ..processes.limits import Limits
                 wall_s = float(os.environ.get(TIME_LIMIT_ENV) or Limits.wall_s)
                 runner_factory = lambda: Runner(limits=Limits(wall_s=wall_s))  # noqa: E731
             with runner_factory() as runner:
