@@ -8,8 +8,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "grader"
-RANK_SIDE = ("processes/rank.py", "processes/hooks.py", "processes/backend.py", "processes/channel.py",
-             "processes/values.py", "processes/real.py", "processes/bench_rank.py")
+RANK_SIDE = ("processes/rank.py", "processes/hooks.py", "processes/guard.py", "processes/backend.py",
+             "processes/channel.py", "processes/values.py", "processes/real.py", "processes/bench_rank.py")
 
 
 MAX_LINES = 500   # a module read in one sitting

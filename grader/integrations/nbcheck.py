@@ -66,7 +66,7 @@ def language(lang: str | None = None) -> str:
 
 def kernel_cells() -> list[str]:
     """The raw text of every cell this kernel executed, in order; outside IPython, the __main__ file."""
-    try:
+    try:   # here: only a kernel has one (a rank imports this module, and no IPython)
         from IPython import get_ipython
         shell = get_ipython()
     except ImportError:

@@ -90,9 +90,10 @@ if seccomp.supported():   # the filters each rank installs, assembled once for e
 # nbcheck: the exercise notebook's check cells import it, and a rank loads a notebook's imports.
 # (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
 # grader imports of the exercise's notebooks.)
-PRELOAD = ("grader.processes.rank", "grader.processes.hooks", "grader.processes.tree", "grader.processes.pods",
-           "grader.processes.store", "grader.processes.sandbox", "grader.processes.linux", "grader.processes.cgroup",
-           "grader.processes.limits", "grader.processes.namespaces", "grader.processes.root", "grader.processes.seccomp",
+PRELOAD = ("grader.processes.rank", "grader.processes.hooks", "grader.processes.guard", "grader.processes.tree",
+           "grader.processes.pods", "grader.processes.store", "grader.processes.sandbox", "grader.processes.linux",
+           "grader.processes.cgroup", "grader.processes.limits", "grader.processes.namespaces",
+           "grader.processes.root", "grader.processes.seccomp",
            "grader.submission.static", "grader.submission.scope", "grader.submission.reach", "grader.submission.program",
            "grader.submission.parse", "grader.submission.definitions", "grader.submission.compiled", "grader.wire",
            "grader.integrations.nbcheck",

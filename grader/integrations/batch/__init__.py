@@ -32,7 +32,7 @@ from ...feedback.messages import default_lang, render
 from ...feedback.results import write_atomic
 from ...processes import launch
 from ...submission import load as loader
-from .. import classreport
+from .. import classpage, classreport
 from ..gradebook import gradebook, printable, verdict
 from .discover import MAX_RESULT_NAME, SAFE_NAME, Student, discover, results_name
 from .output import NAME_COLUMNS, Progress, summary
@@ -106,7 +106,9 @@ def run(args) -> int:
             rows += list(graded.items())
             write_atomic(out / "grades.csv", gradebook(rows, exercise))
             report = classreport.build(rows, exercise, args.lang)   # what the class got wrong
-            causes_csv, report_html = classreport.write(out, report)
+            causes_csv, report_html = out / "causes.csv", out / "report.html"
+            write_atomic(causes_csv, classreport.causes_csv(report))
+            write_atomic(report_html, classpage.page(report))
     sys.stdout.write(summary(rows, args.lang, exercise))
     sys.stdout.write(classreport.terminal(report))
     print(render("classreport.written", {"html": report_html, "csv": causes_csv}, args.lang))
