@@ -18,7 +18,7 @@ x86_64) is answered EPERM, so the numbers below cannot be bypassed.
     install(deny_locks=True)   # after the uid change, right before student code; raises OSError if refused
 
 Why not libseccomp, which writes such filters per architecture: its Python binding (`seccomp`) is not on
-PyPI. Debian ships it (python3-seccomp, for Debian's own python3 only): with it the same rules (arguments
+PyPI. Debian ships it (python3-seccomp, for Debian's own python3 only): with it rules of the same kinds (arguments
 masked, clone3 ENOSYS, other ABIs EPERM through ACT_BADARCH) built and loaded in a forked process, but a
 project's dependencies cannot name a Debian package, and the grader runs in a venv of its own, in a
 Gradescope image and on students' machines where `check` must work. PyPI's ctypes port (pyseccomp, last
