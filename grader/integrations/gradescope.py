@@ -12,6 +12,7 @@ writes results.json: if `grade` dies without one, a shell fallback writes an "au
 """
 from __future__ import annotations
 
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -78,7 +79,6 @@ exit 0
 
 
 def _fallback_json(lang: str) -> str:
-    import json
     message = render("summary.grader_failed", {}, lang)
     return json.dumps({"score": 0, "output": message, "tests": [{
         "name": render("title.grader_failed", {}, lang), "score": 0, "max_score": 0, "status": "failed",

@@ -54,7 +54,7 @@ def _lines(text: str) -> list[str]:
 def _transformer():
     """IPython's TransformerManager, or None where IPython is not installed."""
     if not _TRANSFORMER:
-        try:
+        try:   # here, once: a large import, paid only where a notebook is read
             from IPython.core.inputtransformer2 import TransformerManager
             _TRANSFORMER.append(TransformerManager())
         except Exception:  # ImportError, or a broken IPython
