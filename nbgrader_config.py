@@ -8,16 +8,16 @@ The course root is the folder holding this file, so the commands work from any d
 """
 import os
 import sys
+import warnings
 
-from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOutput, DeduplicateIds, GetGrades,
-                                    OverwriteKernelspec)
+from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, GetGrades, OverwriteKernelspec
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.isdir(os.path.join(HERE, "grader")) and HERE not in sys.path:
     sys.path.insert(0, HERE)  # the grader package of this checkout, installed or not
 from grader.integrations.release import STUB  # noqa: E402  (the .py release uses the same stub line)
-from grader.integrations.nbhidden import RestoreHiddenTests  # noqa: E402
+from grader.integrations.nbhidden import FeedbackHiddenTests, RestoreHiddenTests  # noqa: E402
 
 c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
 
@@ -52,6 +52,30 @@ c.OverwriteCells.add_missing_cells = True
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, RestoreHiddenTests,
                                       CheckCellMetadata]
 
+# nbgrader 0.9.6 under SQLAlchemy 2: autograde's first look at a student builds the submission's records
+# (Gradebook.add_submission) and reads them back before its own `db.add(submission)`; SQLAlchemy 2 no longer
+# adds them to the session along the backref, says so ("... not in session, add operation along ... will not
+# proceed") three times per new student, and the explicit add a line later saves all of them (every grade
+# lands in the gradebook: tests/test_nbgrader_e2e.py). Nothing for a TA to do: that warning alone is silenced.
+try:
+    from sqlalchemy.exc import SAWarning
+    warnings.filterwarnings("ignore", message=r"Object of type <Submitted\w+> not in session, add operation along",
+                            category=SAWarning)
+except ImportError:
+    pass
+
+# -- the notebooks' kernels: ipykernel warns "Kernel is running over TCP without encryption" at every start.
+# Where this jupyter_client and pyzmq can, the kernel manager provisions CurveZMQ keys for every kernel whose
+# spec says it takes them (ipykernel's does): the kernel's traffic is encrypted, and nothing is said.
+try:
+    import zmq
+    from jupyter_client.manager import KernelManager
+    if zmq.has("curve") and "transport_encryption" in KernelManager.class_trait_names():
+        c.KernelManager.transport_encryption = "auto"
+except ImportError:
+    pass
+
 # -- generate_feedback: students must never see hidden test code (nbgrader's default feedback shows it,
 # upstream issues #917 and #1363). The test cells print only what grader/feedback/render.py allows for hidden checks.
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+# FeedbackHiddenTests is ClearHiddenTests without its "display_data_priority not recognized" warning (nbhidden.py).
+c.GenerateFeedback.preprocessors = [GetGrades, FeedbackHiddenTests, CSSHTMLHeaderPreprocessor]

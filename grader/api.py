@@ -53,14 +53,17 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
         chosen = exercise if isinstance(exercise, Exercise) else choose_exercise(submission, exercise, exercises_dir)
     except registry.ExerciseError as err:
         # nothing to grade either way: the submission's own problem first (it cannot be read, does not parse,
-        # defines no exercise's entry function), then the exercises to choose from (issue 19)
+        # defines no exercise's entry function), then the exercises to choose from
         try:
             entries = sorted({ex.entry for ex in registry.available(exercises_dir).values()})
         except registry.ExerciseError:
             entries = []
         own = submission.problem or static.own_problem(submission.source, submission.filename, entries,
                                                        getattr(submission, "files", None))
-        result = GradingResult(submission.filename, [], summary=[Note(p.key, p.params) for p in (own,) if p] + [Note(err.key, err.params)])
+        # a file that is empty, does not parse or starts no exercise cannot tell its exercise either: its own
+        # problem is the news, and choosing an exercise would not change it (an unknown --exercise still is)
+        said = [Note(err.key, err.params)] if own is None or err.key != "exercise.ambiguous" else []
+        result = GradingResult(submission.filename, [], summary=[Note(p.key, p.params) for p in (own,) if p] + said)
         result.execution_time = time.monotonic() - started
         return lines.in_cells(result, getattr(submission, "line_map", None))
     checks = list(chosen.selected(include_hidden))
@@ -72,8 +75,8 @@ def grade(submission: loader.Submission, *, runner: Runner, exercise: str | Exer
         result = GradingResult(submission.filename, [CheckResult(c, Outcome.GRADER_ERROR) for c in checks],
                                exercise=chosen.name, grader_error=traceback.format_exc())
     result.execution_time = time.monotonic() - started
-    result.exercise_title, result.exercise_total, result.entry = chosen.title, chosen.total, chosen.entry  # issue 19
-    return lines.in_cells(result, getattr(submission, "line_map", None))  # issue 19: a notebook's lines in its cells
+    result.exercise_title, result.exercise_total, result.entry = chosen.title, chosen.total, chosen.entry
+    return lines.in_cells(result, getattr(submission, "line_map", None))  # a notebook's lines in its cells
 
 
 def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str, show_output: bool,
@@ -93,7 +96,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         result.checks = score.blanket(checks, Outcome.SYNTAX_ERROR, note)
         result.summary.append(note)
         return result
-    report = static.inspect_source(tree, exercise.entry, getattr(submission, "files", None))  # issue 19: %%writefile files
+    report = static.inspect_source(tree, exercise.entry, getattr(submission, "files", None))  # %%writefile files
     if not report.has_entry:
         note = Note("static.no_entry", {"entry": exercise.entry})
         result.checks = score.blanket(checks, Outcome.NO_ENTRY, note)
@@ -101,7 +104,7 @@ def _grade(submission, exercise: Exercise, checks, runner: Runner, backend: str,
         return result
     written = "\n".join([submission.source, *(getattr(submission, "files", None) or {}).values()])   # %%writefile files too
     result.checks = score.static_results(exercise, static_checks, report, written)
-    todo = score.todo_note(exercise, report)   # issue 20: names only the TODOs still open
+    todo = score.todo_note(exercise, report)   # names only the TODOs still open
     if todo is not None:
         result.summary.append(todo)
     result.layers = runner.layer_names()

@@ -21,7 +21,7 @@ from .feedback.messages import default_lang, render
 from .feedback.report import text_report
 from .feedback.results import failed_results, write_atomic, write_results
 from .processes.runner import Runner
-from .processes.sandbox import Limits
+from .processes.limits import Limits
 
 EXIT_USAGE = 2
 

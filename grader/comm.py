@@ -157,8 +157,13 @@ API_NAMES: dict[str, str] = {
     **{f"{_FC}.{name}": op for name, op in _FUNCTIONAL.items()},
     **{f"{_NN}.{name}": op for name, op in _NN_FUNCTIONAL.items()},
 }
-# Methods of a process group object (`group.allreduce(...)`) are reached as well.
-METHOD_SUFFIXES: dict[str, str] = {name: m.op for name, m in METHODS.items()}
+# Methods of a process group object (`group.allreduce(...)`) are reached as well: those whose names say what
+# they are. `send`, `reduce` ... are too common a word, and a dist function of the same name is API_NAMES'.
+# The static check takes `x.<name>` for the operation unless the submission defines a function of that name
+# (its own class's `allreduce` method is not a process group's).
+GROUP_METHODS: dict[str, str] = {name: METHODS[name].op for name in (
+    "allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced", "_reduce_scatter_base", "alltoall", "alltoall_base")}
 
 # Modules whose first use imports much more (functional collectives, torch.compile, an optimizer's
 # first step(), DDP's first forward and a Python dispatch mode's first operation go through torch._dynamo,

@@ -53,7 +53,7 @@ class Words:
 
 @dataclass(frozen=True)
 class CellLines:
-    """Lines of a notebook as its reader finds them: (code cell from 1, line in that cell) each. A message
+    """Lines of a notebook as its reader finds them: (cell from 1, every cell counted; line in that cell) each. A message
     parameter (feedback/lines.py puts it where a line of the joined code was): "cell 3, line 29"."""
     places: tuple[tuple[int, int], ...]
 

@@ -71,7 +71,7 @@ class RunRequest:
     backend: str = "gloo"                 # a real-backend run's backend: "gloo" or "nccl"
     perturb: tuple[str, ...] = ()         # operations (comm.OPS names) whose sent data the switch perturbs
     label: str = ""
-    preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (static.imports)
+    preload: tuple[str, ...] = ()         # torch modules the zygote imports before forking (StaticReport.torch_modules)
     time_scale: float = 1.0               # the run's wall and CPU limits times this (code that compiles)
     mode: Mode = Mode.SWITCH
     bench: BenchOptions | None = None     # Mode.BENCH: what to time

@@ -117,6 +117,15 @@ def diagnose(exercise, quantity: str, values, ws: int, rank: int, calls=(), outc
     return [n.key.split(".", 1)[1] for n in notes]
 
 
+def expected_grade_id(exercise, check) -> str:
+    """A visible check's grade id names it (test_ws2_grad); a hidden one's names its order among the hidden
+    world sizes, never the size (test_hidden_grad_1): grade ids are in the released notebook."""
+    if not check.hidden:
+        return "test_" + check.id.replace(".", "_")
+    sizes = sorted({c.world_size for c in exercise.checks if c.hidden})
+    return f"test_hidden_{check.id.split('.', 1)[1]}_{sizes.index(check.world_size) + 1}"
+
+
 def notebook_matches_solution(ex: str, given_names: tuple[str, ...]) -> None:
     """The notebook's given cell and answer cell hold the .py solution's functions; its grade cells are the
     exercise's checks in order, with their points; hidden ones inside the hidden block."""
@@ -132,7 +141,7 @@ def notebook_matches_solution(ex: str, given_names: tuple[str, ...]) -> None:
         assert {n: theirs[n] for n in names} == {n: ours[n] for n in names}, grade_id
     assert by_id["run_worker"].metadata.nbgrader["solution"] and by_id["given"].metadata.nbgrader["locked"]
     graded = [c for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
-    assert [c.metadata.nbgrader.grade_id for c in graded] == ["test_" + c.id.replace(".", "_") for c in exercise.checks]
+    assert [c.metadata.nbgrader.grade_id for c in graded] == [expected_grade_id(exercise, c) for c in exercise.checks]
     for cell, check in zip(graded, exercise.checks):
         assert cell.metadata.nbgrader["points"] == check.points
         assert f'nbcheck.check("{check.id}", "{ex}")' in cell.source

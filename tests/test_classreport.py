@@ -317,6 +317,22 @@ def test_each_students_row_links_the_diagram_of_their_visible_run(graded):
 
 
 @pytest.mark.timeout(150)
+def test_the_students_table_names_each_cause_in_words(graded):
+    """A TA reads bob's row: the cause as his feedback words it, not its catalog key (which stays in
+    data-cause, for a script); the whole words on hover where they are cut."""
+    _, out, _ = graded
+    doc = parse((out / "report.html").read_text(encoding="utf-8"))
+    rows = {r.attrs["data-student"]: r for r in doc.find("table", id="student-table").find_all("tr", data_student=True)}
+    causes = rows["bob"].find_all("td")[3]
+    shown = causes.find_all("span", class_="cause-words")
+    assert [s.attrs["data-cause"] for s in shown] == ["cause.summed_not_averaged"]
+    assert "Cause: gradient is world_size times the mean" in causes.text()
+    assert "cause.summed_not_averaged" not in causes.text() and "cause." not in shown[0].attrs["title"]
+    assert "empty" in rows["erin"].find_all("td")[3].text() and "load.empty" not in rows["erin"].find_all("td")[3].text()
+    assert rows["alice"].find_all("td")[3].text() == ""
+
+
+@pytest.mark.timeout(150)
 def test_a_resumed_batch_rebuilds_the_same_report(graded):
     cls, out, _ = graded
     before = (out / "report.html").read_bytes(), (out / "causes.csv").read_bytes()

@@ -166,22 +166,41 @@ def test_a_zygote_started_early_never_outlives_its_command(tmp_path):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("path, lang, first", [
-    (FIXTURES / "notebooks" / "cells_syntax_error.ipynb", "en", "Syntax error at cell 3, line 4: invalid syntax"),
+    (FIXTURES / "notebooks" / "cells_syntax_error.ipynb", "en", "Syntax error at cell 4, line 4: invalid syntax"),
     (FIXTURES / "bad" / "b01_syntax_error.py", "zh", "语法错误，第 5 行：expected ':'"),
     (FIXTURES / "bad" / "b02_no_run_worker.py", "en",
      "The code defines none of the functions the exercises start from (run_worker). Keep the function's name."),
     (FIXTURES / "bad" / "b02_no_run_worker.py", "zh", "代码里没有定义任何练习的入口函数（run_worker）。请不要修改函数名。"),
     (FIXTURES / "bad" / "b03_empty.py", "en", "b03_empty.py is empty: complete the code and submit it."),
 ])
-def test_when_the_exercise_cannot_be_told_the_submissions_own_problem_comes_first(path, lang, first):
-    """Three exercises, a file whose name and code name none: its own problem first, then which exercises
-    there are, and no score out of 0 (nothing was graded, nothing passed)."""
+def test_when_the_exercise_cannot_be_told_the_submissions_own_problem_is_all_it_says(path, lang, first):
+    """Several exercises, a file whose name and code name none because it is empty, does not parse or starts
+    none of them: its own problem, and no "cannot tell which exercise" (choosing one would not help), no
+    score out of 0 (nothing was graded, nothing passed)."""
     proc = run_cli("check", str(path), "--lang", lang)
     assert proc.returncode == 1, proc.stdout + proc.stderr        # the submission's problem, not a usage error
     lines = proc.stdout.splitlines()
     assert lines[0] == f"== {path.name} ==" and "0 / 0" not in proc.stdout
-    assert lines[1] == first
-    assert lines[2].startswith(("Cannot tell which exercise", "无法判断这份提交属于哪个练习")) and "dist_primitives" in lines[2]
+    assert lines[1:] == [first], proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_corrupt_notebook_says_only_that(tmp_path):
+    path = tmp_path / "answer.ipynb"
+    path.write_text("{bad json", encoding="utf-8")
+    proc = run_cli("check", str(path), "--lang", "en")
+    assert proc.returncode == 1 and proc.stdout.splitlines()[1:] == [
+        "The notebook is corrupt and cannot be read: line 1: Expecting property name enclosed in double quotes"], proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_exercise_is_still_said_beside_the_files_own_problem():
+    """--exercise naming no exercise is the student's other mistake: said after the file's own."""
+    path = FIXTURES / "bad" / "b03_empty.py"
+    proc = run_cli("check", str(path), "--lang", "en", "--exercise", "no_such_exercise")
+    lines = proc.stdout.splitlines()
+    assert lines[1] == "b03_empty.py is empty: complete the code and submit it."
+    assert lines[2].startswith("There is no exercise called no_such_exercise"), proc.stdout
 
 
 @pytest.mark.timeout(60)

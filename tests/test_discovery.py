@@ -176,7 +176,7 @@ def test_python_cell_magics_are_graded_and_others_are_noted():
     assert "    pass  # !echo rank {rank} done" in lines
     assert "echo this cell is shell" not in sub.source and "return None" not in sub.source
     assert [(n.key, n.params) for n in sub.notes] == [
-        ("note.magic_ignored", {"magic": "bash", "cell": 2}), ("note.magic_local", {"magic": "timeit", "cell": 5})]
+        ("note.magic_ignored", {"magic": "bash", "cell": 3}), ("note.magic_local", {"magic": "timeit", "cell": 6})]   # cells as shown
     assert sub.files == {"notes.txt": "def run_worker(rank, world_size):\n    return None\n"}   # written, as Jupyter does
 
 
@@ -185,7 +185,7 @@ def test_without_ipython_the_fallback_keeps_lines_and_says_what_it_did_not_run(m
     sub = load.load(FIXTURES / "notebooks" / "cell_magics.ipynb")
     compile(sub.source, sub.filename, "exec")
     assert sub.source.splitlines()[11] == "    pass  # %time dist.all_gather(gathered, local_feature)"
-    assert ("note.magics_unavailable", {"line": 12, "magic": "time", "cell": 3}) in [(n.key, n.params) for n in sub.notes]
+    assert ("note.magics_unavailable", {"line": 12, "magic": "time", "cell": 4}) in [(n.key, n.params) for n in sub.notes]
     source, _ = notebook._fallback("x = !ls\ntorch?\n%ls \\\n -l\ny = 1\n")
     assert source == "pass  # x = !ls\npass  # torch?\npass  # %ls \\\npass  # -l\ny = 1\n"
 

@@ -14,9 +14,9 @@ import pytest
 from conftest import FIXTURES, PY, run_cli
 
 
-def build_root(tmp_path: Path, exercise: str = "dist_primitives") -> Path:
+def build_root(tmp_path: Path, exercise: str = "dist_primitives", lang: str = "en") -> Path:
     """A temporary autograder root laid out as Gradescope does: source/ (the unpacked zip), submission/."""
-    proc = run_cli("gradescope-zip", "--exercise", exercise, "--out", str(tmp_path / "autograder.zip"), "--lang", "en",
+    proc = run_cli("gradescope-zip", "--exercise", exercise, "--out", str(tmp_path / "autograder.zip"), "--lang", lang,
                    "--time-limit", "10")
     assert proc.returncode == 0, proc.stderr
     root = tmp_path / "autograder"
@@ -33,10 +33,10 @@ def build_root(tmp_path: Path, exercise: str = "dist_primitives") -> Path:
     return root
 
 
-def run_autograder(root: Path, python: str) -> dict:
-    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "GRADER_PYTHON": python}
+def run_autograder(root: Path, python: str, **extra: str) -> dict:
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "GRADER_PYTHON": python, **extra}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.Popen(["bash", str(root / "source" / "run_autograder")], cwd=root, env=env, start_new_session=True,
+    proc = subprocess.Popen([shutil.which("bash"), str(root / "source" / "run_autograder")], cwd=root, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=120)
@@ -78,3 +78,21 @@ def test_run_autograder_writes_results_even_when_the_grader_cannot_start(tmp_pat
     results = run_autograder(root, "/bin/false")
     assert results["score"] == 0
     assert results["tests"][0]["name"] == "Autograder failed" and results["tests"][0]["visibility"] == "visible"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("zip_lang, course_lang, title", [
+    ("zh", None, "自动评分器出错"), ("zh", "en", "Autograder failed"), ("en", "zh", "自动评分器出错")])
+def test_the_fallback_without_python_speaks_the_students_language(tmp_path, zip_lang, course_lang, title):
+    """No Python at all (the grader cannot start): the zero that run_autograder writes is in the language the
+    report would have been in, the zip's or the course's GRADER_LANG."""
+    root = build_root(tmp_path, lang=zip_lang)
+    shutil.copy(FIXTURES / "batch" / "honest.py", root / "submission" / "solution.py")
+    tools = tmp_path / "bin"   # the shell's tools, and no python3 anywhere on the path
+    tools.mkdir()
+    for tool in ("mkdir", "rm", "cat", "timeout", "bash"):
+        os.symlink(shutil.which(tool), tools / tool)
+    extra = {"GRADER_LANG": course_lang} if course_lang else {}
+    results = run_autograder(root, "/nonexistent/python", PATH=str(tools), **extra)
+    assert results["score"] == 0 and results["tests"][0]["name"] == title
+    assert results["output"] == results["tests"][0]["output"] and results["output"]

@@ -58,9 +58,10 @@ def test_a_py_submission_keeps_plain_line_numbers():
 
 # -- through the command line -----------------------------------------------------------------------
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("lang, words", [("en", "Syntax error at cell 3, line 4: invalid syntax"),
-                                         ("zh", "语法错误，第 3 个单元格第 4 行：invalid syntax")])
+@pytest.mark.parametrize("lang, words", [("en", "Syntax error at cell 4, line 4: invalid syntax"),
+                                         ("zh", "语法错误，第 4 个单元格第 4 行：invalid syntax")])
 def test_check_names_the_cell_and_line_of_a_syntax_error(lang, words):
+    """Cells counted as the student sees them: the markdown cell above the code is cell 1."""
     proc = run_cli("check", str(NB / "cells_syntax_error.ipynb"), "--exercise", "dist_primitives", "--lang", lang)
     assert proc.returncode == 1 and words in proc.stdout, proc.stdout
     assert "line 10" not in proc.stdout and "第 10 行" not in proc.stdout      # the joined code's line

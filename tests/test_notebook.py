@@ -204,9 +204,10 @@ def test_writefile_cells_are_kept_as_the_files_jupyter_writes():
     assert worker.index("def run_worker") < worker.index("def gather_all")          # -a appends
     compile(worker, "dist_worker.py", "exec")
     # each line of the file is where the student sees it: the cell that wrote it, below its %%writefile line
-    assert sub.line_map.files["dist_worker.py"][5] == (1, 6) and worker.splitlines()[4].startswith("def run_worker")
-    assert sub.line_map.files["dist_worker.py"][15] == (2, 6) and "dist.all_gather" in worker.splitlines()[14]
-    assert sub.line_map.source[2] == (3, 2) and sub.line_map.entry_files["run_worker"] == "dist_worker.py"
+    # (every cell counted, as Jupyter shows them: the notebook opens with a markdown cell)
+    assert sub.line_map.files["dist_worker.py"][5] == (2, 6) and worker.splitlines()[4].startswith("def run_worker")
+    assert sub.line_map.files["dist_worker.py"][15] == (3, 6) and "dist.all_gather" in worker.splitlines()[14]
+    assert sub.line_map.source[2] == (4, 2) and sub.line_map.entry_files["run_worker"] == "dist_worker.py"
 
 
 def test_writefile_names_outside_the_folder_are_notes_never_files():
@@ -259,8 +260,9 @@ def test_the_static_check_follows_the_entry_into_the_file_a_cell_writes():
 def test_line_map_of_the_joined_cells():
     sub = load.load(NB / "cells_syntax_error.ipynb")
     joined = sub.source.splitlines()
-    assert joined[9] == "    return gradient /" and sub.line_map.source[10] == (3, 4)
-    assert sub.line_map.source[4] == (2, 1) and 3 not in sub.line_map.source    # the blank line between cells
+    # cells counted as the student sees them, the markdown cell first among them: the third code cell is cell 4
+    assert joined[9] == "    return gradient /" and sub.line_map.source[10] == (4, 4)
+    assert sub.line_map.source[4] == (3, 1) and 3 not in sub.line_map.source    # the blank line between cells
     assert load.load(FIXTURES / "honest" / "h01_aliased_imports.py").line_map is None
 
 
@@ -271,8 +273,8 @@ def test_cli_check_finds_the_entry_in_the_file_a_cell_writes():
     each rank writes Submission.files into its folder.)"""
     proc = run_cli("check", str(NB / "writefile_worker.ipynb"), "--exercise", EX, "--lang", "en")
     assert "No function run_worker" not in proc.stdout, proc.stdout
-    assert "[PASS] 5/5  Static: run_worker calls dist.all_reduce\n       run_worker reaches all_reduce (cell 1, line 8)." in proc.stdout
-    assert "run_worker reaches all_gather (cell 2, line 6)." in proc.stdout
+    assert "[PASS] 5/5  Static: run_worker calls dist.all_reduce\n       run_worker reaches all_reduce (cell 2, line 8)." in proc.stdout
+    assert "run_worker reaches all_gather (cell 3, line 6)." in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
 
 

@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from conftest import FIXTURES, run_cli
-from grader.processes import sandbox, seccomp
+from grader.processes import limits, linux, seccomp
 from grader.processes.runner import Runner
 from grader.records import RunRequest
 
@@ -108,13 +108,13 @@ def test_filter_answers_eperm_and_leaves_threads_forks_and_plain_fcntl_alone():
 
 # -- uids: a block per grader process, a new uid per run ----------------------------------------------
 def test_uid_blocks_are_claimed_per_process_and_never_shared():
-    block, held = sandbox.claim_uid_block(pid=12345)
+    block, held = limits.claim_uid_block(pid=12345)
     try:
-        other, held2 = sandbox.claim_uid_block(pid=12345)   # same first choice: taken, so the next one
+        other, held2 = limits.claim_uid_block(pid=12345)   # same first choice: taken, so the next one
         assert other != block
         held2.close()
-        low, high = sandbox.uid_range(block)
-        assert high - low == sandbox.UID_BLOCK and sandbox.uid_range(sandbox.UID_BLOCKS - 1)[1] < 2 ** 32 - 1
+        low, high = limits.uid_range(block)
+        assert high - low == limits.UID_BLOCK and limits.uid_range(limits.UID_BLOCKS - 1)[1] < 2 ** 32 - 1
     finally:
         held.close()
 
@@ -213,7 +213,7 @@ def _segments_held(zygote: int) -> int:
         child = os.fork()
         if child == 0:
             try:
-                sandbox.setns(os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY), sandbox.CLONE_NEWIPC)
+                linux.setns(os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY), linux.CLONE_NEWIPC)
                 with open("/proc/sysvipc/shm") as table:
                     os.write(write, str(len(table.read().splitlines()) - 1).encode())
             finally:
@@ -230,7 +230,7 @@ def _segments_held(zygote: int) -> int:
 @pytest.mark.timeout(60)
 def test_what_the_kernel_keeps_of_a_real_backend_run_never_reaches_the_next_run():
     """A SysV segment outlives the process that made it. Two real-backend runs one after the other on one
-    Runner (the second in the pod the first left, zygote.Pods): the second finds nothing of the first, because
+    Runner (the second in the pod the first left, pods.Pods): the second finds nothing of the first, because
     each run has an IPC (and network) namespace of its own, which goes when the run does (its memory too: a
     segment left in a pod would hold memory the next students' runs need)."""
     with Runner() as runner:

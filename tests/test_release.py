@@ -16,7 +16,7 @@ from traitlets.config.loader import PyFileConfigLoader
 from conftest import CLI_TIMEOUT, PY, ROOT
 from grader.exercise import registry
 from grader.integrations import release
-from grader.processes.sandbox import Limits
+from grader.processes.limits import Limits
 
 EXERCISES = sorted(registry.available())
 

@@ -16,7 +16,7 @@ from conftest import FIXTURES, PY, ROOT
 from grader.processes import launch
 from grader.processes.runner import Runner
 from grader.records import How, RunRequest
-from grader.processes.sandbox import Limits
+from grader.processes.limits import Limits
 
 
 def values(desc):
@@ -301,7 +301,7 @@ def test_the_zygote_asks_glibc_for_huge_pages_without_overriding_a_tunable_it_wa
     assert _huge_heap("glibc.malloc.hugetlb=0") == "glibc.malloc.hugetlb=0"   # a TA's own choice stands
 
 
-# -- pods: a graded run's pid 1, kept for the next run (zygote.Pods) ---------------------------------
+# -- pods: a graded run's pid 1, kept for the next run (pods.Pods) ---------------------------------
 
 DAEMON = """
 import os, time, torch, torch.distributed as dist
@@ -329,7 +329,7 @@ def run_worker(rank, world_size):
 
 
 def _run_uids_alive(runner) -> int:
-    from grader.processes.sandbox import processes_by_uid, uid_range
+    from grader.processes.limits import processes_by_uid, uid_range
     low, high = uid_range(runner.uid_block)
     return sum(count for uid, count in processes_by_uid().items() if low <= uid < high)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, PY, ROOT, outcomes, run_cli
-from grader.processes.sandbox import UID_BASE, UID_BLOCK, UID_BLOCKS, uid_range
+from grader.processes.limits import UID_BASE, UID_BLOCK, UID_BLOCKS, uid_range
 
 SANDBOX = FIXTURES / "sandbox"
 SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"

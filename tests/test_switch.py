@@ -17,7 +17,7 @@ from conftest import FIXTURES
 from grader import wire
 from grader.processes.runner import Runner
 from grader.records import RunRequest
-from grader.processes.sandbox import Limits
+from grader.processes.limits import Limits
 from grader.switch import ProtocolError, Switch
 from grader.switch.ops import reduce_arrays
 from switchsim import Sim

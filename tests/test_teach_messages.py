@@ -33,32 +33,80 @@ def _call(rank, seq, op, method, numel, dtype, outputs=1, api=None):
     return call
 
 
-def test_teaching_notes_per_rank_and_collective():
+def _run(world_size: int, calls_per_rank, times_per_rank=None):
+    """A graded run whose ranks made `calls_per_rank(r)`, and (with `times_per_rank`) the real-backend run
+    whose ranks timed the same calls."""
     ranks, timed = [], []
-    for r in range(4):
+    for r in range(world_size):
         rec = RankRecord(r)
-        rec.calls = [_call(r, 0, "all_reduce", "allreduce", 1024, "torch.float64"),
-                     _call(r, 1, "all_gather", "allgather", 128, "torch.float32", outputs=4)]
+        rec.calls = calls_per_rank(r)
         ranks.append(rec)
-        real = RankRecord(r)   # the real-backend run: its ranks' own timings of the same calls
-        real.timings = [{"op": "all_reduce", "ms": 2.0}, {"op": "all_gather", "ms": 0.5}]
+        real = RankRecord(r)
+        real.timings = times_per_rank(r) if times_per_rank else []
         timed.append(real)
-    run = RunOutcome(RunRequest(world_size=4, source="", filename="s.py"), ranks)
+    run = RunOutcome(RunRequest(world_size=world_size, source="", filename="s.py"), ranks)
+    real = RunOutcome(RunRequest(world_size=world_size, source="", filename="s.py", mode="real"), timed)
+    return run, (real if times_per_rank else None)
+
+
+def test_teaching_notes_per_rank_and_collective():
+    run, real = _run(4, lambda r: [_call(r, 0, "all_reduce", "allreduce", 1024, "torch.float64"),
+                                   _call(r, 1, "all_gather", "allgather", 128, "torch.float32", outputs=4)],
+                     lambda r: [{"op": "all_reduce", "ms": 2.0}, {"op": "all_gather", "ms": 0.5}])
     assert teaching_notes(run)[0] == Note("teach.header_untimed", {"ws": 4, "backend": "-"})   # no real run: no times
     assert all(n.key == "teach.collective_untimed" for n in teaching_notes(run)[1:])
-    notes = teaching_notes(run, real=RunOutcome(RunRequest(world_size=4, source="", filename="s.py", mode="real"), timed))
+    notes = teaching_notes(run, real=real)
     assert notes[0] == Note("teach.header", {"ws": 4, "backend": "gloo"})
-    by = {(n.params["rank"], n.params["op"]): n.params for n in notes[1:]}
+    by = {(n.params["rank"], n.params["op"]): n for n in notes[1:-1]}
     assert len(by) == 8
-    # all-reduce of 1024 float64 = 8192 bytes: a ring sends 2(N-1)/N x 8192 = 12288 bytes in 2 ms
-    assert by[3, "all_reduce"] == {"rank": 3, "op": "all_reduce", "ms": 2.0, "size": 8192, "volume": 12288,
-                                   "formula": "2(4-1)/4 x 8192", "bandwidth": "6.14 MB/s"}
-    # all-gather of 4 x 128 float32 = 2048 bytes in total: (N-1)/N x 2048 = 1536 bytes in 0.5 ms
-    assert by[0, "all_gather"] == {"rank": 0, "op": "all_gather", "ms": 0.5, "size": 2048, "volume": 1536,
-                                   "formula": "(4-1)/4 x 2048", "bandwidth": "3.07 MB/s"}
-    text = messages.render("teach.collective", by[0, "all_gather"], "en")
-    assert text == ("  rank 0 all_gather: 0.50 ms; 2048 bytes of data, a ring sends about 1536 bytes per rank "
-                    "((4-1)/4 x 2048), about 3.07 MB/s")
+    # all-reduce of 1024 float64 = 8192 bytes: a ring sends 2(N-1)/N x 8192 = 12288 bytes; a first call, so a
+    # time labelled as one and no bandwidth
+    assert by[3, "all_reduce"] == Note("teach.collective_first", {"rank": 3, "op": "all_reduce", "ms": 2.0, "size": 8192,
+                                                                  "volume": 12288, "formula": "2(4-1)/4 x 8192"})
+    # all-gather of 4 x 128 float32 = 2048 bytes in total: (N-1)/N x 2048 = 1536 bytes
+    assert by[0, "all_gather"].params == {"rank": 0, "op": "all_gather", "ms": 0.5, "size": 2048, "volume": 1536,
+                                          "formula": "(4-1)/4 x 2048"}
+    text = messages.render("teach.collective_first", by[0, "all_gather"].params, "en")
+    assert text == ("  rank 0 all_gather: 0.50 ms (its first call, set-up included); 2048 bytes of data, a ring sends "
+                    "about 1536 bytes per rank ((4-1)/4 x 2048)")
+    assert "B/s" not in "".join(messages.render(n.key, n.params, lang) for n in notes for lang in ("zh", "en"))
+    # and the report says why no bandwidth, and where it is measured
+    assert notes[-1] == Note("teach.no_bandwidth", {"min": "1 MiB", "command": "python -m grader bench"})
+    assert "python -m grader bench" in messages.render("teach.no_bandwidth", notes[-1].params, "zh")
+
+
+def test_repeated_calls_show_the_first_and_the_median_of_the_rest_and_a_bandwidth_only_when_large():
+    """A loop of 5 all-reduces of 4 MiB and 5 of 4 KiB: each size one line, its first call apart (set-up),
+    the median of the other four; a bandwidth from the 4 MiB ones only."""
+    big, small = 1 << 20, 1024   # float32 elements: 4 MiB and 4 KiB
+    calls = lambda r: ([_call(r, k, "all_reduce", "allreduce", big, "torch.float32") for k in range(5)]
+                       + [_call(r, 5 + k, "all_reduce", "allreduce", small, "torch.float32") for k in range(5)])
+    times = lambda r: [{"op": "all_reduce", "ms": ms} for ms in (30.0, 4.0, 5.0, 6.0, 100.0, 3.0, 0.4, 0.5, 0.3, 0.6)]
+    run, real = _run(2, calls, times)
+    notes = teaching_notes(run, real=real)
+    lines = {(n.params["rank"], n.params.get("size")): n for n in notes if n.key.startswith("teach.collective")}
+    assert len(lines) == 4
+    large = lines[0, 4 << 20]
+    assert large.key == "teach.collective_rate"
+    assert (large.params["calls"], large.params["first_ms"], large.params["ms"]) == (5, 30.0, 5.5)
+    # a ring all-reduce of 4 MiB on 2 ranks sends 4 MiB per rank: 4194304 bytes in 5.5 ms
+    assert large.params["bandwidth"] == "762.60 MB/s"
+    small_line = lines[1, 4096]
+    assert small_line.key == "teach.collective_repeated" and "bandwidth" not in small_line.params
+    assert (small_line.params["first_ms"], small_line.params["ms"]) == (3.0, 0.45)
+    assert messages.render(small_line.key, small_line.params, "en") == (
+        "  rank 1 all_reduce: 5 calls, the first 3.00 ms (set-up included), then a median of 0.45 ms; 4096 bytes of "
+        "data each, a ring sends about 4096 bytes per rank per call (2(2-1)/2 x 4096)")
+    assert notes[-1].key == "teach.no_bandwidth"
+
+
+def test_a_large_message_called_once_gets_no_bandwidth_and_one_called_again_does():
+    big = lambda r: [_call(r, 0, "all_reduce", "allreduce", 1 << 20, "torch.float32")]
+    run, real = _run(2, big, lambda r: [{"op": "all_reduce", "ms": 8.0}])
+    assert [n.key for n in teaching_notes(run, real=real)[1:]] == ["teach.collective_first"] * 2 + ["teach.no_bandwidth"]
+    twice = lambda r: [_call(r, k, "all_reduce", "allreduce", 1 << 20, "torch.float32") for k in range(2)]
+    run, real = _run(2, twice, lambda r: [{"op": "all_reduce", "ms": 8.0}, {"op": "all_reduce", "ms": 2.0}])
+    assert [n.key for n in teaching_notes(run, real=real)[1:]] == ["teach.collective_rate"] * 2   # nothing withheld
 
 
 def test_point_to_point_traffic_per_rank():
@@ -143,10 +191,9 @@ def test_formulas_are_written_one_way_per_language():
     for key, (zh, en) in messages.CATALOG.items():
         assert "×" not in en and "−" not in en, key
         assert not re.search(r"[\dNS)] x [\dNS(]", zh) and "−" not in zh, key
-    teach = {"rank": 0, "op": "all_reduce", "ms": 1.0, "size": 4096, "volume": 4096, "formula": "2(2-1)/2 x 4096",
-             "bandwidth": "1 MB/s"}
-    assert "（2(2-1)/2 × 4096）" in messages.render("teach.collective", teach, "zh")
-    assert "(2(2-1)/2 x 4096)" in messages.render("teach.collective", teach, "en")
+    teach = {"rank": 0, "op": "all_reduce", "ms": 1.0, "size": 4096, "volume": 4096, "formula": "2(2-1)/2 x 4096"}
+    assert "（2(2-1)/2 × 4096）" in messages.render("teach.collective_first", teach, "zh")
+    assert "(2(2-1)/2 x 4096)" in messages.render("teach.collective_first", teach, "en")
     bound = {"rank": 0, "sent": 8, "k": 2, "size": 4, "formula": "2(N-1)/N x S", "bound_k": 1, "bound": 4}
     assert "上限 2(N-1)/N × S = 1 × S" in messages.render("cause.traffic_bytes", bound, "zh")
     assert "bound 2(N-1)/N x S = 1 x S" in messages.render("cause.traffic_bytes", bound, "en")

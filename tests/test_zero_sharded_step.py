@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES, PY, ROOT, graded_folder, run_cli
+from exercise_suite import expected_grade_id
 from grader.exercise import registry
 from grader.feedback.messages import CATALOG, render
 from grader.integrations import release
@@ -425,7 +426,7 @@ def test_notebook_cells_are_the_py_solution_and_the_rubric():
         assert {n: theirs[n] for n in names} == {n: ours[n] for n in names}
     assert by_id["run_worker"].metadata.nbgrader["solution"] and by_id["given"].metadata.nbgrader["locked"]
     graded = [c for c in cells if c.metadata.get("nbgrader", {}).get("grade")]
-    assert [_grade_id(c) for c in graded] == ["test_" + c.id.replace(".", "_") for c in exercise.checks]
+    assert [_grade_id(c) for c in graded] == [expected_grade_id(exercise, c) for c in exercise.checks]
     for cell, check in zip(graded, exercise.checks):
         assert cell.metadata.nbgrader["points"] == check.points
         call = f'nbcheck.check("{check.id}", "{EX}")'

@@ -18,14 +18,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from ..comm import OPS
 from ..exercise import registry
 from ..feedback.messages import default_lang, render
-from ..records import BenchOptions, Mode, Stop
+from ..records import BenchOptions, Mode, RunRequest, Stop
 from ..submission import load as loader
+from . import nbcheck
 
 SIZES = [4 << 10 << (2 * k) for k in range(8)]      # 4 KiB, 16 KiB, ... 64 MiB
 QUICK = [4 << 10 << (2 * k) for k in range(5)]      # up to 1 MiB (the notebook's inline plot)
@@ -44,8 +46,10 @@ def declared(exercise) -> tuple[str, str] | None:
 
 def run_bench(submission, exercise, *, sizes=SIZES, world_sizes=WORLD_SIZES, runner=None, wall_s: float = 40.0) -> dict:
     """{"rows": [{"ws", "impl", "bytes", "ms", "reps", "algbw", "busbw"}], "errors": [str], "function", "baseline"}."""
-    from ..processes.runner import Runner, RunRequest
-    from ..processes.sandbox import Limits
+    # here, not at the top: ranks import this module (a notebook's `from grader.integrations import bench`) and
+    # never run a bench; the zygote would otherwise hold the supervisor's modules for them (zygote.PRELOAD)
+    from ..processes.limits import Limits
+    from ..processes.runner import Runner
     function, baseline = declared(exercise)
     options = BenchOptions(sizes=tuple(sizes), baseline=baseline, budget=BUDGET)
     own = runner is None
@@ -94,7 +98,7 @@ def _size(n: int) -> str:
 
 def plot(result: dict, path: Path) -> Path:
     """busbw against size (log-log), one line per implementation and world size."""
-    import matplotlib
+    import matplotlib   # here: only a plot needs it (a second of imports), never a rank nor a bench's table
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -120,17 +124,15 @@ def plot(result: dict, path: Path) -> Path:
 def notebook(exercise: str, *, sizes=QUICK, world_sizes=(2,), lang: str | None = None):
     """The bench of this kernel's code (nbcheck.kernel_program): its table printed, its plot shown inline.
     Not run under nbgrader's autograder or validator (they set NBGRADER_EXECUTION)."""
-    from . import nbcheck
     if os.environ.get("NBGRADER_EXECUTION"):
         print(render("bench.autograde", {}, nbcheck.language(lang)))
         return
-    from IPython.display import Image, display
+    from IPython.display import Image, display   # here: only a notebook's kernel shows a plot
     source, _ = nbcheck.kernel_program()
     chosen = registry.get(exercise)
     result = run_bench(loader.from_source(source, nbcheck.FILENAME), chosen, sizes=sizes, world_sizes=world_sizes)
     print(table(result, nbcheck.language(lang)), end="")
     if result["rows"]:
-        import tempfile
         with tempfile.TemporaryDirectory() as folder:
             display(Image(data=plot(result, Path(folder) / "bench.png").read_bytes()))
 

@@ -3,18 +3,26 @@
 It works offline and from disk: no script, font, style or image is fetched (the page's Content Security
 Policy forbids it), the pictures are plain HTML/CSS bars, and the only script is the small inline one that
 sorts the students' table (`#sort=COLUMN` or `#sort=COLUMN-desc` in the address sorts it on opening).
-Every name and text is HTML-escaped. Each figure carries its numbers as data-* attributes (data-count,
-data-passed ...) beside the text a reader sees, so tests read the same numbers the bars are drawn from.
+Each figure carries its numbers as data-* attributes (data-count, data-passed ...) beside the text a reader
+sees, so tests read the same numbers the bars are drawn from.
+
+The page is a Jinja2 template (PAGE): every value it shows is HTML-escaped by Jinja2's autoescape, and shown
+with its control characters escaped (gradebook.printable, the template's `finalize`), so a student's name or
+words can never become markup, whatever the template forgets. Only the page's own style, script and policy
+are marked safe (Markup).
 """
 from __future__ import annotations
 
-import html
 from urllib.parse import quote
+
+import jinja2
+from markupsafe import Markup
 
 from ..feedback.messages import render
 from .classreport import OTHER, ClassReport, cause_words, check_words, mean_median, printable
 
 WHO_SHOWN = 12     # a cause's students are listed up to this many; more are folded away (<details>)
+CAUSE_WORDS = 160  # characters of a cause's words in the students' table (all of them on hover)
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 
 STYLE = """
@@ -76,10 +84,79 @@ SORT_SCRIPT = """
 })();
 """
 
+PAGE = """\
+{%- macro joined(items, sep) %}{% for x in items %}{% if not loop.first %}{{ sep }}{% endif %}{{ x }}{% endfor %}{% endmacro -%}
+{%- macro who(students) %}{% if students | length <= who_shown %}{{ joined(students, comma) }}
+{%- else %}<details><summary>{{ students | length }}</summary>{{ joined(students, comma) }}</details>{% endif %}{% endmacro -%}
+<!DOCTYPE html>
+<html lang="{{ 'zh-CN' if lang == 'zh' else 'en' }}"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{{ csp }}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ t('classreport.title', title=report.title) }}</title><style>{{ style }}</style></head><body>
+<header><h1>{{ t('classreport.title', title=report.title) }}</h1>
+<p class="note"><code>{{ report.exercise }}</code> · {{ mean_median }}</p></header>
+<section id="histogram"><h2>{{ t('classreport.histogram') }}</h2><div class="hist">
+{%- for b in report.bins %}<div class="bin" data-label="{{ b.label }}" data-low="{{ num(b.low) }}" \
+data-high="{{ num(b.high) }}" data-count="{{ b.count }}" title="{{ b.label }}: {{ b.count }}"><span class="n">{{ b.count }}</span>\
+<div class="col" style="height:{{ '%.1f' | format(100 * b.count / top) }}%"></div></div>{% endfor %}</div>\
+<div class="labels">{% for b in report.bins %}<span>{{ b.label }}</span>{% endfor %}</div>\
+<p class="note">{{ t('classreport.histogram_note') }}</p></section>
+<section id="checks"><h2>{{ t('classreport.pass_rates') }}</h2>
+{%- for c in report.checks %}<div class="check" data-check="{{ c.id }}" data-passed="{{ c.passed | length }}" \
+data-count="{{ c.count }}"><div><code>{{ c.id }}</code> {{ c.title }}\
+{% if c.hidden %}<span class="tag">{{ t('classreport.hidden') }}</span>{% endif %}</div>\
+<div class="track"><div class="fill" style="width:{{ '%.1f' | format(c.rate) }}%"></div></div>\
+<div class="rate">{{ t('classreport.rate', passed=c.passed | length, count=c.count, rate=c.rate) }}</div>\
+{% if c.causes %}<ul class="why">{% for key, names in c.causes.items() %}<li data-cause="{{ key }}" \
+data-count="{{ names | length }}">{{ words(key) }}: {{ names | length }}</li>{% endfor %}</ul>{% endif %}</div>{% endfor %}\
+{% if whole %}<p class="note" id="whole" data-count="{{ whole | length }}">{{ t('classreport.whole_note', count=whole | length) }}</p>\
+{% endif %}</section>
+<section id="causes"><h2>{{ t('classreport.top_causes') }}</h2>
+{%- if not top_causes %}<p>{{ t('classreport.no_causes') }}</p></section>
+{% else %}<p class="note">{{ t('classreport.top_causes_note') }}</p><table><thead><tr>\
+<th class="num">{{ t('classreport.col_count') }}</th><th>{{ t('classreport.col_cause') }}</th>\
+<th>{{ t('classreport.col_checks') }}</th><th>{{ t('classreport.col_example') }}</th><th>{{ t('classreport.col_who') }}</th>\
+</tr></thead><tbody>
+{%- for key, students, checks, ex in top_causes %}<tr class="cause" data-cause="{{ key }}" data-count="{{ students | length }}">\
+<td class="num">{{ students | length }}</td><td><code>{{ words(key) }}</code></td>\
+<td>{% for c in checks %}{% if not loop.first %}{{ comma }}{% endif %}{{ check_words(c) }}{% endfor %}</td><td>\
+{% if key != other or ex.text %}<blockquote>{{ ex.text }}</blockquote><span class="note">\
+{{ t('classreport.example', student=ex.student, check=check_words(ex.check)) }}</span>{% endif %}</td>\
+<td>{{ who(students) }}</td></tr>{% endfor %}</tbody></table></section>
+{% endif -%}
+<section id="students"><h2>{{ t('classreport.students') }}</h2><p class="note">{{ t('classreport.sort_note') }}</p>\
+<table id="student-table"><thead><tr>
+{%- for key, kind in columns %}<th data-type="{{ kind }}"{% if kind == 'number' %} class=num{% endif %}\
+{% if loop.first %} aria-sort=ascending{% endif %}><button type="button">{{ t(key) }}</button></th>{% endfor %}</tr></thead><tbody>
+{%- for s in report.students %}<tr data-index="{{ loop.index0 }}" data-student="{{ s.name }}"\
+{% if s.verdict == 'pass' %} class=pass{% endif %}><td>{% if s.timeline is not none %}<a href="{{ quote(s.timeline) }}" \
+title="{{ t('classreport.timeline') }}">{{ s.name }}</a>{% else %}{{ s.name }}{% endif %}</td>\
+<td class="num" data-sort="{{ num(s.score) }}">{{ num(s.score) }}</td><td>{{ s.verdict }}</td><td data-sort="{{ s.causes | join(' ') }}">
+{%- for k in s.causes %}{% if not loop.first %}<br>{% endif %}{% set text = said(s.name, k) %}<span class="cause-words" \
+data-cause="{{ k }}" title="{{ text }}">{{ text if text | length <= cause_words else text[:cause_words - 1] ~ '…' }}</span>\
+{% endfor %}</td></tr>{% endfor %}</tbody></table></section>
+{% if traffic %}<section id="traffic"><h2>{{ t('classreport.traffic') }}</h2><p class="note">{{ t('classreport.traffic_note') }}</p>
+{%- for g in traffic %}<div class="traffic" data-check="{{ g.check }}" data-world-size="{{ g.ws }}" data-over="{{ g.over }}">\
+<p>{{ t('classreport.traffic_check', check=g.check, ws=g.ws, within=g['items'] | length - g.over, over=g.over) }}</p>\
+<table><thead><tr>{% for k in traffic_columns %}<th{% if k != 'classreport.col_student' %} class=num{% endif %}>{{ t(k) }}</th>\
+{% endfor %}<th></th></tr></thead><tbody>
+{%- for i in g['items'] %}<tr data-student="{{ i.student }}" data-sent="{{ i.most }}" data-bound="{{ i.bound }}">\
+<td>{{ i.student }}</td><td class="num">{{ i.size }}</td><td class="num">{{ i.most }}</td><td class="num">{{ i.bound }}</td>\
+<td class="num">{{ '%.2f' | format(i.ratio) }}</td><td><div class="ratio"><div class="fill{% if i.ratio > 1 %} over{% endif %}" \
+style="width:{{ '%.1f' | format(100 * i.ratio / g.scale) }}%;height:100%"></div>\
+<div class="bound" style="left:{{ '%.1f' | format(100 / g.scale) }}%"></div></div></td></tr>{% endfor %}</tbody></table></div>\
+{% endfor %}</section>
+{% endif %}<script>{{ script }}</script></body></html>
+"""
 
-def esc(text) -> str:
-    """Any text from a submission or a student's name, safe inside an element or a quoted attribute."""
-    return html.escape(printable(text), quote=True)
+
+def _shown(value):
+    """What the page shows of a value: a text with its control characters escaped (then autoescaped)."""
+    return printable(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
+_ENV = jinja2.Environment(autoescape=True, finalize=_shown, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_PAGE = _ENV.from_string(PAGE)
 
 
 def num(x: float) -> str:
@@ -88,124 +165,24 @@ def num(x: float) -> str:
 
 def page(report: ClassReport) -> str:
     lang = report.lang
-    t = lambda key, **params: esc(render(key, params, lang))   # noqa: E731  the page's words
-    parts = [
-        "<!DOCTYPE html>",
-        f'<html lang="{"zh-CN" if lang == "zh" else "en"}"><head><meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{t('classreport.title', title=report.title)}</title><style>{STYLE}</style></head><body>",
-        f"<header><h1>{t('classreport.title', title=report.title)}</h1>",
-        f'<p class="note"><code>{esc(report.exercise)}</code> · {esc(mean_median(report))}</p></header>',
-        histogram_section(report, t),
-        checks_section(report, t),
-        causes_section(report, t),
-        students_section(report, t),
-        traffic_section(report, t),
-        f"<script>{SORT_SCRIPT}</script></body></html>",
-    ]
-    return "\n".join(p for p in parts if p) + "\n"
-
-
-def histogram_section(report: ClassReport, t) -> str:
-    top = max([b.count for b in report.bins] + [1])
-    bars, labels = [], []
-    for b in report.bins:
-        bars.append(f'<div class="bin" data-label="{esc(b.label)}" data-low="{num(b.low)}" data-high="{num(b.high)}" '
-                    f'data-count="{b.count}" title="{esc(b.label)}: {b.count}"><span class="n">{b.count}</span>'
-                    f'<div class="col" style="height:{100 * b.count / top:.1f}%"></div></div>')
-        labels.append(f"<span>{esc(b.label)}</span>")
-    return (f'<section id="histogram"><h2>{t("classreport.histogram")}</h2><div class="hist">{"".join(bars)}</div>'
-            f'<div class="labels">{"".join(labels)}</div><p class="note">{t("classreport.histogram_note")}</p></section>')
-
-
-def checks_section(report: ClassReport, t) -> str:
-    rows = []
-    for c in report.checks:
-        hidden = f'<span class="tag">{t("classreport.hidden")}</span>' if c.hidden else ""
-        why = "".join(f'<li data-cause="{esc(key)}" data-count="{len(names)}">{esc(cause_words(key, report.lang))}: {len(names)}</li>'
-                      for key, names in c.causes.items())
-        rows.append(f'<div class="check" data-check="{esc(c.id)}" data-passed="{len(c.passed)}" data-count="{c.count}">'
-                    f'<div><code>{esc(c.id)}</code> {esc(c.title)}{hidden}</div>'
-                    f'<div class="track"><div class="fill" style="width:{c.rate:.1f}%"></div></div>'
-                    f'<div class="rate">{t("classreport.rate", passed=len(c.passed), count=c.count, rate=c.rate)}</div>'
-                    + (f'<ul class="why">{why}</ul>' if why else "") + "</div>")
-    whole = sorted({s for names in report.whole.values() for s in names})
-    note = (f'<p class="note" id="whole" data-count="{len(whole)}">{t("classreport.whole_note", count=len(whole))}</p>'
-            if whole else "")
-    return f'<section id="checks"><h2>{t("classreport.pass_rates")}</h2>{"".join(rows)}{note}</section>'
-
-
-def causes_section(report: ClassReport, t) -> str:
-    top = report.top_causes()
-    if not top:
-        return f'<section id="causes"><h2>{t("classreport.top_causes")}</h2><p>{t("classreport.no_causes")}</p></section>'
-    comma = esc(render("list.comma", {}, report.lang))
-    rows = []
-    for key, students, checks, ex in top:
-        example = "" if key == OTHER and not ex.text else (
-            f'<blockquote>{esc(ex.text)}</blockquote><span class="note">{t("classreport.example", student=ex.student, check=check_words(ex.check, report.lang))}</span>')
-        rows.append(f'<tr class="cause" data-cause="{esc(key)}" data-count="{len(students)}"><td class="num">{len(students)}</td>'
-                    f'<td><code>{esc(cause_words(key, report.lang))}</code></td><td>{comma.join(esc(check_words(c, report.lang)) for c in checks)}</td>'
-                    f'<td>{example}</td><td>{who(students, comma)}</td></tr>')
-    head = "".join(f"<th{cls}>{t(k)}</th>" for k, cls in (("classreport.col_count", ' class="num"'), ("classreport.col_cause", ""),
-                                                           ("classreport.col_checks", ""), ("classreport.col_example", ""),
-                                                           ("classreport.col_who", "")))
-    return (f'<section id="causes"><h2>{t("classreport.top_causes")}</h2><p class="note">{t("classreport.top_causes_note")}</p>'
-            f'<table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
-
-
-def who(students: list[str], comma: str) -> str:
-    """The students who have a cause: listed, or folded away when there are many."""
-    names = comma.join(esc(s) for s in students)
-    return names if len(students) <= WHO_SHOWN else f"<details><summary>{len(students)}</summary>{names}</details>"
-
-
-def name_cell(s, t) -> str:
-    """The student's name, a link to the space-time diagram of their visible run where batch drew one."""
-    if s.timeline is None:
-        return esc(s.name)
-    return f'<a href="{esc(quote(s.timeline))}" title="{t("classreport.timeline")}">{esc(s.name)}</a>'
-
-
-def students_section(report: ClassReport, t) -> str:
-    cols = (("classreport.col_student", "text"), ("classreport.col_score", "number"), ("classreport.col_verdict", "text"),
-            ("classreport.col_causes", "text"))
-    head = "".join(f'<th data-type="{kind}"{" class=num" if kind == "number" else ""}'
-                   f'{" aria-sort=ascending" if i == 0 else ""}><button type="button">{t(key)}</button></th>'
-                   for i, (key, kind) in enumerate(cols))
-    comma = esc(render("list.comma", {}, report.lang))
-    own = {(c.student, c.key): c.text for c in reversed(report.causes)}     # a student's own words for a cause
-    rows = []
-    for i, s in enumerate(report.students):
-        causes = comma.join(f'<code title="{esc(own.get((s.name, k), ""))}">{esc(cause_words(k, report.lang))}</code>' for k in s.causes)
-        rows.append(f'<tr data-index="{i}" data-student="{esc(s.name)}"{" class=pass" if s.verdict == "pass" else ""}>'
-                    f'<td>{name_cell(s, t)}</td><td class="num" data-sort="{num(s.score)}">{num(s.score)}</td>'
-                    f'<td>{esc(s.verdict)}</td><td data-sort="{esc(" ".join(s.causes))}">{causes}</td></tr>')
-    return (f'<section id="students"><h2>{t("classreport.students")}</h2><p class="note">{t("classreport.sort_note")}</p>'
-            f'<table id="student-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
-
-
-def traffic_section(report: ClassReport, t) -> str:
-    """Left out unless some student's results hold traffic figures (classreport.traffic_of)."""
-    if not report.traffic:
-        return ""
     groups: dict[tuple[str, int], list] = {}
     for item in report.traffic:
         groups.setdefault((item.check, item.world_size), []).append(item)
-    blocks = []
-    for (check, ws), items in sorted(groups.items()):
-        scale = max([i.ratio for i in items] + [1.25])
-        over = sum(1 for i in items if i.ratio > 1)
-        rows = "".join(
-            f'<tr data-student="{esc(i.student)}" data-sent="{i.most}" data-bound="{i.bound}"><td>{esc(i.student)}</td>'
-            f'<td class="num">{i.size}</td><td class="num">{i.most}</td><td class="num">{i.bound}</td><td class="num">{i.ratio:.2f}</td>'
-            f'<td><div class="ratio"><div class="fill{" over" if i.ratio > 1 else ""}" style="width:{100 * i.ratio / scale:.1f}%;height:100%"></div>'
-            f'<div class="bound" style="left:{100 / scale:.1f}%"></div></div></td></tr>' for i in items)
-        head = "".join(f"<th{' class=num' if k != 'classreport.col_student' else ''}>{t(k)}</th>" for k in (
-            "classreport.col_student", "classreport.col_size", "classreport.col_sent", "classreport.col_bound", "classreport.col_ratio"))
-        blocks.append(f'<div class="traffic" data-check="{esc(check)}" data-world-size="{ws}" data-over="{over}">'
-                      f'<p>{t("classreport.traffic_check", check=check, ws=ws, within=len(items) - over, over=over)}</p>'
-                      f'<table><thead><tr>{head}<th></th></tr></thead><tbody>{rows}</tbody></table></div>')
-    return (f'<section id="traffic"><h2>{t("classreport.traffic")}</h2><p class="note">{t("classreport.traffic_note")}</p>'
-            f'{"".join(blocks)}</section>')
+    traffic = [{"check": check, "ws": ws, "items": items, "over": sum(1 for i in items if i.ratio > 1),
+                "scale": max([i.ratio for i in items] + [1.25])} for (check, ws), items in sorted(groups.items())]
+    own = {(c.student, c.key): c.text for c in reversed(report.causes)}   # the words a student's feedback used
+    return _PAGE.render(
+        report=report, lang=lang, csp=Markup(CSP), style=Markup(STYLE), script=Markup(SORT_SCRIPT),
+        t=lambda key, **params: render(key, params, lang), words=lambda key: cause_words(key, lang),
+        check_words=lambda check: check_words(check, lang), num=num, mean_median=mean_median(report),
+        comma=render("list.comma", {}, lang), who_shown=WHO_SHOWN, other=OTHER,
+        top=max([b.count for b in report.bins] + [1]),
+        whole=sorted({s for names in report.whole.values() for s in names}),
+        top_causes=report.top_causes(),
+        columns=(("classreport.col_student", "text"), ("classreport.col_score", "number"),
+                 ("classreport.col_verdict", "text"), ("classreport.col_causes", "text")),
+        said=lambda student, key: " ".join(str(own.get((student, key)) or cause_words(key, lang)).split()),
+        cause_words=CAUSE_WORDS, quote=quote,
+        traffic=traffic,   # left out unless some student's results hold traffic figures (classreport.traffic_of)
+        traffic_columns=("classreport.col_student", "classreport.col_size", "classreport.col_sent",
+                         "classreport.col_bound", "classreport.col_ratio"))

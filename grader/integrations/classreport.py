@@ -1,7 +1,7 @@
 """What the class got wrong: a batch's per-student results brought together, for TAs.
 
     report = build(rows, exercise, lang)          # rows: [(student, results.json dict)], as batch.run has them
-    write(out, report)                            # OUT/causes.csv and OUT/report.html (classpage.py)
+    causes_csv(report)                            # OUT/causes.csv (and classpage.page(report): OUT/report.html)
     print(terminal(report))                       # per check: pass rate, common causes, who has them
 
 Everything is read from each student's results (`extra_data`: outcomes, scores, causes, and traffic when
@@ -27,11 +27,9 @@ import os
 import re
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..feedback.messages import render
 from ..feedback.render import HINTS, words
-from ..feedback.results import write_atomic
 from ..model import Outcome
 from .gradebook import cell, printable, verdict
 
@@ -328,16 +326,6 @@ def _cause_lines(key: str, names: list[str], text: str, lang: str) -> list[str]:
     if len(names) > TERMINAL_NAMES:
         who += render("classreport.more", {"count": len(names) - TERMINAL_NAMES}, lang)
     return [head + (render("list.colon", {}, lang) + text if text else ""), render("classreport.who", {"names": who}, lang)]
-
-
-def write(out: Path, report: ClassReport) -> tuple[Path, Path]:
-    """OUT/causes.csv and OUT/report.html, each written atomically."""
-    from .classpage import page
-
-    out = Path(out)
-    write_atomic(out / "causes.csv", causes_csv(report))
-    write_atomic(out / "report.html", page(report))
-    return out / "causes.csv", out / "report.html"
 
 
 def mean_median(report: ClassReport) -> str:

@@ -12,6 +12,7 @@ writes results.json: if `grade` dies without one, a shell fallback writes an "au
 """
 from __future__ import annotations
 
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -46,6 +47,7 @@ python3 -m venv "$ROOT/venv"
 RUN_AUTOGRADER = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: grade $ROOT/submission into $ROOT/results/results.json.
 ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+LANGUAGE="${{GRADER_LANG:-{lang}}}"   # the zip's language unless the course sets GRADER_LANG: the report's and the fallback's
 SOURCE="$ROOT/source"
 RESULTS="$ROOT/results/results.json"
 PY="${{GRADER_PYTHON:-$ROOT/venv/bin/python}}"
@@ -56,13 +58,20 @@ cd "$SOURCE" || cd "$ROOT"
 export PYTHONPATH="$SOURCE${{PYTHONPATH:+:$PYTHONPATH}}"
 status=0
 timeout -k 10 "${{GRADER_TOTAL_TIMEOUT:-900}}" "$PY" -m grader grade "$ROOT/submission" --results "$RESULTS" \\
-    --exercise {exercise} --lang "${{GRADER_LANG:-{lang}}}" --time-limit {time_limit} --memory-mb {memory_mb} --tmp-mb {tmp_mb} \\
+    --exercise {exercise} --lang "$LANGUAGE" --time-limit {time_limit} --memory-mb {memory_mb} --tmp-mb {tmp_mb} \\
     --backend {backend} || status=$?
 if [ ! -s "$RESULTS" ]; then
-    # The grader died before writing anything: a visible zero, never a missing file.
-    cat > "$RESULTS" <<'JSON'
-{fallback}
+    # The grader died before writing anything (no Python, say): a visible zero, never a missing file, in the
+    # language the report would have had.
+    if [ "$LANGUAGE" = en ]; then
+        cat > "$RESULTS" <<'JSON'
+{fallback_en}
 JSON
+    else
+        cat > "$RESULTS" <<'JSON'
+{fallback_zh}
+JSON
+    fi
     echo "grader exited with status $status and wrote no results" >&2
 fi
 exit 0
@@ -70,7 +79,6 @@ exit 0
 
 
 def _fallback_json(lang: str) -> str:
-    import json
     message = render("summary.grader_failed", {}, lang)
     return json.dumps({"score": 0, "output": message, "tests": [{
         "name": render("title.grader_failed", {}, lang), "score": 0, "max_score": 0, "status": "failed",
@@ -86,7 +94,8 @@ def files(exercise, lang: str, time_limit: float, memory_mb: int, backend: str =
         "setup.sh": (SETUP_SH.format(index=TORCH_INDEX, torch=TORCH_VERSION).encode(), 0o755),
         "run_autograder": (RUN_AUTOGRADER.format(exercise=exercise.name, lang=lang, time_limit=time_limit,
                                                  memory_mb=memory_mb, backend=backend, tmp_mb=tmp_mb,
-                                                 fallback=_fallback_json(lang)).encode(), 0o755),
+                                                 fallback_en=_fallback_json("en"),
+                                                 fallback_zh=_fallback_json("zh")).encode(), 0o755),
         "pyproject.toml": ((ROOT / "pyproject.toml").read_bytes(), 0o644),
     }
     for path in sorted((ROOT / "grader").rglob("*.py")):

@@ -67,7 +67,7 @@ def language(lang: str | None = None) -> str:
 
 def kernel_cells() -> list[str]:
     """The raw text of every cell this kernel executed, in order; outside IPython, the __main__ file."""
-    try:
+    try:   # here: only a kernel has one (a rank imports this module, and no IPython)
         from IPython import get_ipython
         shell = get_ipython()
     except ImportError:
@@ -148,7 +148,7 @@ def grade_source(source: str, *, exercise: str | None = None, key: str | None = 
             from .. import api
             if runner_factory is None:
                 from ..processes.runner import Runner
-                from ..processes.sandbox import Limits
+                from ..processes.limits import Limits
                 wall_s = float(os.environ.get(TIME_LIMIT_ENV) or Limits.wall_s)
                 runner_factory = lambda: Runner(limits=Limits(wall_s=wall_s))  # noqa: E731
             with runner_factory() as runner:

@@ -8,12 +8,25 @@ OverwriteCells, at autograde, says "Attribute 'checksum' for cell test_hidden_al
 every hidden cell of every untouched notebook, then restores the stored source (which is how the hidden
 tests come back). RestoreHiddenTests restores such a cell silently when it is exactly the released one
 (the stored source with its hidden region cleared); any other change is reported as before.
+
+FeedbackHiddenTests is ClearHiddenTests for generate_feedback's list (nbgrader_config.py), accepting the
+`display_data_priority` that nbconvert's HTML exporter sets for every NbConvertBase: nbgrader declares that
+trait on its preprocessors without `config=True` (only GetGrades redeclares it), so ClearHiddenTests said
+"Config option `display_data_priority` not recognized" on every generate_feedback. Removing hidden tests
+reads no output, so the value changes nothing there.
+
+A grade cell the student deleted is put back (`add_missing_cells`) as nbgrader builds it, without a cell id,
+which nbformat 4.5 requires: nbformat then warned "Cell is missing an id field" under nbgrader's own
+"Missing grade cell" line. RestoreHiddenTests gives the cell an id of its own.
 """
 from __future__ import annotations
 
+import uuid
+
 import nbformat
 from nbgrader.api import MissingEntry
-from nbgrader.preprocessors import ClearHiddenTests, OverwriteCells
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades, OverwriteCells
+from traitlets import List
 
 
 class RestoreHiddenTests(OverwriteCells):
@@ -29,6 +42,15 @@ class RestoreHiddenTests(OverwriteCells):
                     and cell.source == released(stored.source, self):
                 cell.source = stored.source   # the untouched release: its hidden tests, back without a warning
         return super().preprocess_cell(cell, resources, cell_index)
+
+    def missing_cell_transform(self, source_cell, max_score, is_solution=False, is_task=False):
+        cell = super().missing_cell_transform(source_cell, max_score, is_solution=is_solution, is_task=is_task)
+        cell.setdefault("id", f"restored-{uuid.uuid4().hex[:12]}")
+        return cell
+
+
+class FeedbackHiddenTests(ClearHiddenTests):
+    display_data_priority = List(GetGrades.display_data_priority.default_value, config=True)
 
 
 def released(source: str, parent=None) -> str:

@@ -35,7 +35,7 @@ class Refused(ValueError):
 
     def __init__(self, key: str, **params):
         super().__init__(f"{key}: {params}")
-        self.key, self.params = key, params
+        self.key, self.params = key, {"begin": BEGIN, "end": END, **params}
 
 
 def _where(path, line: int, cell: int | None = None):
@@ -113,7 +113,7 @@ def release_file(source: Path, target: Path) -> None:
 def _exercises() -> list[tuple[str, Path, Path]]:
     """(name, solution .py, source notebook) of every exercise; an exercise that does not load is an
     error (never skipped quietly)."""
-    from ..exercise import registry
+    from ..exercise import registry   # here, as below: nbgrader_config.py imports this module for STUB alone
     broken = registry.broken()
     if broken:
         raise next(iter(broken.values()))
@@ -123,7 +123,7 @@ def _exercises() -> list[tuple[str, Path, Path]]:
 
 def _check_all() -> list[tuple[Path, Path]]:
     """Every exercise's sources checked; the (.py, its stub) pairs to write."""
-    from ..exercise import registry
+    from ..exercise import registry   # (nbgrader's configuration loads no exercise)
     pairs = []
     for name, py, notebook in _exercises():
         if py.is_file():
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..exercise.registry import ExerciseError
+    from ..exercise.registry import ExerciseError   # (nbgrader's configuration loads no exercise, nor the catalog)
     from ..feedback.messages import default_lang, render
     parser = build_parser()
     args = parser.parse_args(argv)

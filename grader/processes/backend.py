@@ -29,20 +29,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeProcessGroup, Work
-from torch._C import _len_torch_dispatch_stack as _dispatch_modes
-from torch._ops import _len_torch_dispatch_stack_pre_dispatch as _pre_dispatch_modes
-from torch.utils._python_dispatch import _disable_current_modes
-# _disable_current_modes imports this on its first use: imported here, the zygote holds it and no rank
-# loads it from disk (tests/test_runner.py: a rank imports nothing while it is observed and perturbed).
-import torch._subclasses.schema_check_mode  # noqa: F401,E402
 
 from .. import comm, wire
+from .guard import Guard
 from .values import tensor_bytes
 
 NAME = "grader"
 _TB = torch._C.TensorBase
 _copy_, _reshape, _to = _TB.copy_, _TB.reshape, _TB.to
-_no_grad = torch.no_grad
 _frombuffer = torch.frombuffer
 
 
@@ -61,24 +55,6 @@ class Link:
 
 _LINK: Link | None = None
 _MISSING = object()
-
-
-class _Guard:
-    """Grader tensor work: no autograd, no torch-function or dispatch mode of the student's."""
-
-    def __enter__(self):
-        # torch-function handling off first: no_grad's own _set_grad_enabled goes through a student's mode
-        self._stack = [torch._C.DisableTorchFunction(), _no_grad()]
-        if _dispatch_modes() or _pre_dispatch_modes():   # a mode of the student's (rare): put aside meanwhile
-            self._stack.append(_disable_current_modes())
-        for ctx in self._stack:
-            ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        for ctx in reversed(self._stack):
-            ctx.__exit__(None, None, None)
-        return False
 
 
 class SwitchWork(Work):
@@ -255,7 +231,7 @@ def _on_frame(header, blobs) -> None:
     arrays = [bytes(blobs[d["blob"]]) for d in header.get("outputs") or []]
 
     def delivery():
-        with _Guard():
+        with Guard():
             for dst, raw in zip(student_out, arrays):
                 src = _reshape(_frombuffer(bytearray(raw), dtype=dst.dtype) if raw else _TB.new_empty(dst, (0,)),
                                tuple(dst.shape))
@@ -391,7 +367,7 @@ class GraderProcessGroup(dist.ProcessGroup):
         sends = comm.sends_on(method, self._rank, root)
         student_out = _tensors(named.get(method.receives)) if method.receives else []
         blobs: list = []
-        with _Guard():
+        with Guard():
             inputs = _describe(named.get(method.sends), blobs if sends else None) if method.sends else None
             outputs = _describe(named.get(method.receives), None) if method.receives else None
         peer = named.get("peer")

@@ -23,6 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from .real import make_store
+
 
 def options(spec: dict) -> dict:
     """{"sizes", "baseline", "budget"}: the request's records.BenchOptions."""
@@ -51,7 +53,6 @@ def run(spec: dict, channel, load, init) -> None:
     rank, ws = spec["rank"], spec["world_size"]
     opts = options(spec)
     timeout = timedelta(seconds=spec["timeout"])
-    from .real import make_store
     store = make_store(spec, ws)
     init(backend="gloo", store=store, rank=rank, world_size=ws, timeout=timeout)
     store.set(f"connected/{rank}", "1")

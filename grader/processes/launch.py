@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-BASE_PREFIX = "grader-runs-"   # <prefix><supervisor pid>-...: runner._sweep_stale_bases finds the dead ones
+BASE_PREFIX = "grader-runs-"   # <prefix><supervisor pid>-...: zygote_client._sweep_stale_bases finds the dead ones
 ROOT = str(Path(__file__).resolve().parents[2])
 TEMPLATE_ENV = "GRADER_TEMPLATE_FD"   # a batch worker's inherited socket to its parent's template zygote
 TEMPLATE_SOCKET_ENV = "GRADER_TEMPLATE_SOCKET"   # the path of a session's template (serve_template)
@@ -149,7 +149,7 @@ def serve_template() -> str:
     global _SESSION
     if _SESSION is None:
         # mode 700: only this uid reaches the socket; named like a supervisor's folder, so that a later grader
-        # sweeps it away if this process dies without removing it (runner._sweep_stale_bases)
+        # sweeps it away if this process dies without removing it (zygote_client._sweep_stale_bases)
         folder = tempfile.mkdtemp(prefix=f"{BASE_PREFIX}{os.getpid()}-template-")
         path = os.path.join(folder, "socket")
         listen = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -28,10 +28,9 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from ..submission import compiled, static
-from . import backend, bench_rank, real, values
+from . import backend, bench_rank, hooks, real, values
 from .channel import Channel
 
 _TB = torch._C.TensorBase
@@ -101,119 +100,9 @@ class RankLink(backend.Link):
         self.channel.send({"t": "check", "line": line, "locals": found}, blobs)
 
 
-_LINK: RankLink | None = None
-_CHANNEL: Channel | None = None
-
-
-def _note(what: str) -> None:
-    if _CHANNEL is not None:
-        _CHANNEL.send({"t": "note", "what": what})
-
-
-def _student_init_process_group(*args, **kwargs):
-    """The grader owns the process group: a student's own init (fixed port and all) joins it instead (in a
-    graded run, where the submission's top level runs before the group exists, as under plain Python before
-    init_process_group: an init there makes none)."""
-    if _CHANNEL is not None:
-        _note("init_process_group")
-        return None
-    return _ORIGINALS["init_process_group"](*args, **kwargs)
-
-
-def _student_destroy_process_group(group=None):
-    if _CHANNEL is not None and group is None:
-        _note("destroy_process_group")
-        return None
-    return _ORIGINALS["destroy_process_group"](group)
-
-
-def _student_new_group(*args, **kwargs):
-    """A group the student makes is made on the run's own backend, whatever backend it names ("gloo"):
-    in a graded run, what travels through it goes through the switch like the rest."""
-    args = list(args)
-    if len(args) > 2:
-        args[2] = None
-    kwargs.pop("backend", None)
-    kwargs.pop("pg_options", None)
-    return _ORIGINALS["new_group"](*args, **kwargs)
-
-
-def _student_monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
-    """torch allows monitored_barrier on gloo only, by its name: on the switch's group it is a barrier."""
-    if dist.is_initialized() and dist.get_backend(group) == backend.NAME:
-        pg = group if group is not None else c10d._get_default_group()
-        return pg.barrier()
-    return _ORIGINALS["monitored_barrier"](group, timeout, wait_all_ranks)
-
-
-class _StudentStore(type):
-    """`dist.TCPStore` / `dist.FileStore` as a student's code sees them. In a graded run the rank already
-    belongs to the grader's group, which a student's init_process_group joins whatever store it is given, and
-    the switch is the only way to another rank: a store the student makes is an in-process one there
-    (dist.HashStore), which never connects anywhere (a TCPStore would wait for a peer it cannot reach until
-    the time limit). Elsewhere (a real-backend run, the zygote) it is torch's own class."""
-
-    def __call__(cls, *args, **kwargs):
-        if _CHANNEL is None or _LINK is None or _LINK.spec.get("mode") != "switch":
-            return cls.original(*args, **kwargs)
-        store = dist.HashStore()
-        timeout = kwargs.get("timeout", next((a for a in args if isinstance(a, timedelta)), None))
-        if isinstance(timeout, timedelta):   # a key no rank of this process sets: waited for as long as asked
-            store.set_timeout(timeout)
-        return store
-
-    def __instancecheck__(cls, obj) -> bool:
-        return isinstance(obj, cls.original)
-
-    def __subclasscheck__(cls, sub) -> bool:
-        return issubclass(sub, cls.original)
-
-
-def _student_store(original: type) -> type:
-    return _StudentStore(original.__name__, (), {"original": original, "__doc__": original.__doc__,
-                                                 "__module__": original.__module__})
-
-
-_ORIGINALS: dict = {}
-
-
-def install_hooks() -> None:
-    """Register the grader's backend and take over init/destroy of the default group, and the stores a
-    student makes (`_StudentStore`). Called once, in the zygote; everything a rank imports later is imported
-    here first (ranks cannot read the checkout)."""
-    backend.install(None)
-    if _ORIGINALS:
-        return
-    for name, replacement in (("init_process_group", _student_init_process_group),
-                              ("destroy_process_group", _student_destroy_process_group),
-                              ("new_group", _student_new_group),
-                              ("monitored_barrier", _student_monitored_barrier)):
-        _ORIGINALS[name] = getattr(c10d, name)
-        for module in (dist, c10d):
-            setattr(module, name, replacement)
-    for name in ("TCPStore", "FileStore"):
-        _ORIGINALS[name] = getattr(dist, name)
-        replacement = _student_store(_ORIGINALS[name])
-        for module in (dist, c10d):
-            if getattr(module, name, None) is _ORIGINALS[name]:
-                setattr(module, name, replacement)
-    # torch's first init_process_group in a process sets up what later ones reuse (~0.5 ms of each rank's
-    # CPU): done once here, on the grader's backend with no channel behind it (it moves no data), and undone.
-    # Only a saving: where it fails, each rank pays it again.
-    try:
-        _ORIGINALS["init_process_group"](backend=backend.NAME, store=dist.HashStore(), rank=0, world_size=1,
-                                         timeout=timedelta(seconds=60))
-    except Exception:  # noqa: BLE001
-        pass
-    if dist.is_initialized():
-        _ORIGINALS["destroy_process_group"]()
-
-
-# ------------------------------------------------------------------------------------------------
-
 def _file(filename: str) -> dict:
     """A frame's file when it is one a notebook cell wrote (as the notebook names it), not the submission."""
-    if _LINK is None or filename == _LINK.filename:
+    if hooks.LINK is None or filename == hooks.LINK.filename:
         return {}
     return {"file": os.path.relpath(filename, os.getcwd())}
 
@@ -289,9 +178,9 @@ def _record_checks(module: types.ModuleType) -> None:
 
 
 def _check_failed(line=None, message=None) -> None:
-    if _LINK is None:   # the module's top level, before the run's group: a check there raises, as Python's does
+    if hooks.LINK is None:   # the module's top level, before the run's group: a check there raises, as Python's does
         raise AssertionError(message) if message is not None else AssertionError
-    _LINK.check_failed(line if type(line) is int else None)
+    hooks.LINK.check_failed(line if type(line) is int else None)
 
 
 def _recording(check):
@@ -385,34 +274,32 @@ def _quantities(returned, final_locals: dict, names: list[str], budget, blobs: l
 
 def _join(spec: dict, channel: Channel) -> None:
     """The run's process group, before any student code."""
-    global _LINK
     rank, world_size = spec["rank"], spec["world_size"]
     timeout = timedelta(seconds=spec["timeout"])
     if spec["mode"] == "real":
         store = real.make_store(spec, world_size)
-        _ORIGINALS["init_process_group"](backend="cpu:gloo,cuda:nccl" if spec["backend"] == "nccl" else "gloo",
-                                         store=store, rank=rank, world_size=world_size, timeout=timeout)
+        hooks.ORIGINALS["init_process_group"](backend="cpu:gloo,cuda:nccl" if spec["backend"] == "nccl" else "gloo",
+                                              store=store, rank=rank, world_size=world_size, timeout=timeout)
         if spec["backend"] == "nccl":
             torch.cuda.set_device(rank)
         # No student code before every rank has connected: a rank that exits at once (os._exit) would
         # otherwise break a slower rank's handshake, and that would look like the grader's failure.
         store.set(f"connected/{rank}", "1")
         store.wait([f"connected/{r}" for r in range(world_size)], timeout)
-        _LINK = RankLink(spec, channel)
+        hooks.LINK = RankLink(spec, channel)
         real.install(channel)
-        real.SNAPSHOT[:] = [_LINK.snapshot]
+        real.SNAPSHOT[:] = [hooks.LINK.snapshot]
         return
-    _LINK = RankLink(spec, channel)
-    backend.install(_LINK)
-    _ORIGINALS["init_process_group"](backend=backend.NAME, store=dist.HashStore(), rank=rank, world_size=world_size,
-                                     timeout=timeout)
+    hooks.LINK = RankLink(spec, channel)
+    backend.install(hooks.LINK)
+    hooks.ORIGINALS["init_process_group"](backend=backend.NAME, store=dist.HashStore(), rank=rank,
+                                          world_size=world_size, timeout=timeout)
 
 
 def run(spec: dict, channel: Channel) -> None:
     """Everything a rank does after its sandbox is in place."""
-    global _CHANNEL
-    if str(spec.get("mode") or "").startswith("bench"):   # timing, not grading: a plain gloo group
-        return bench_rank.run(spec, channel, _load_submission, _ORIGINALS["init_process_group"])
+    if spec.get("mode") == "bench":   # timing, not grading: a plain gloo group
+        return bench_rank.run(spec, channel, _load_submission, hooks.ORIGINALS["init_process_group"])
     funcol = sys.modules.get("torch.distributed._functional_collectives")
     if funcol is not None:   # torch's own classes, before any student code can replace them
         values.ASYNC_TENSOR[:] = [funcol.AsyncCollectiveTensor, funcol.wait_tensor]
@@ -423,7 +310,7 @@ def run(spec: dict, channel: Channel) -> None:
     graded = spec["mode"] == "switch"
     if not graded:
         _join(spec, channel)
-    _CHANNEL = channel
+    hooks.CHANNEL = channel
     channel.send({"t": "ready"})
     filenames = {spec["filename"], *(os.path.join(os.getcwd(), n) for n in spec.get("files") or {})}
     real.FILENAMES.update(filenames)
@@ -446,14 +333,14 @@ def run(spec: dict, channel: Channel) -> None:
             _restore_builtins()
             channel.send({"t": "result", "how": "load_error", "error": _error_record(err, filenames)})
             return
-    if _LINK is not None:
-        _LINK.filenames = filenames
+    if hooks.LINK is not None:
+        hooks.LINK.filenames = filenames
     try:
         codes = _entry_codes(entry, entry_name, filenames)
     except BaseException:  # noqa: BLE001  (an entry object whose attributes raise: its locals are not read)
         codes = set()
-    if _LINK is not None:
-        _LINK.entry_codes = codes
+    if hooks.LINK is not None:
+        hooks.LINK.entry_codes = codes
     captured: dict = {}
 
     def profile(frame, event, arg):
@@ -473,7 +360,7 @@ def run(spec: dict, channel: Channel) -> None:
         _restore_builtins()
     names = list(spec["quantities"])
     blobs: list = []
-    budget = _LINK.budget if _LINK is not None else values.Budget()
+    budget = hooks.LINK.budget if hooks.LINK is not None else values.Budget()
     try:
         found, source = _quantities(returned if how == "return" else None, captured.get("locals", {}), names,
                                     budget, blobs)

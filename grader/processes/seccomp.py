@@ -16,6 +16,16 @@ clone3 answers ENOSYS instead: its flags live in memory a filter cannot read, an
 x86_64) is answered EPERM, so the numbers below cannot be bypassed.
 
     install(deny_locks=True)   # after the uid change, right before student code; raises OSError if refused
+
+Why not libseccomp, which writes such filters per architecture: its Python binding (`seccomp`) is not on
+PyPI. Debian ships it (python3-seccomp, for Debian's own python3 only): with it rules of the same kinds (arguments
+masked, clone3 ENOSYS, other ABIs EPERM through ACT_BADARCH) built and loaded in a forked process, but a
+project's dependencies cannot name a Debian package, and the grader runs in a venv of its own, in a
+Gradescope image and on students' machines where `check` must work. PyPI's ctypes port (pyseccomp, last
+released in 2021) still needs the system's libseccomp.so and is not maintained. So the program below is
+written by hand for the two architectures the grader runs on (x86_64, aarch64; elsewhere no filter, and the
+report says so), assembled once in the zygote (no code generation per rank), and its effect is tested
+(tests/test_redteam.py: each denied call answers EPERM in a rank).
 """
 from __future__ import annotations
 

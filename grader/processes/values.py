@@ -2,7 +2,7 @@
 
 A tensor becomes a descriptor ({"kind": "tensor", "plain", "type", "dtype", "shape", "blob"}) and its raw
 bytes; anything else, its type (and length, for plain sequences). Reading never raises on odd student
-objects, and runs with the student's torch-function and dispatch modes off (backend._Guard). These are the
+objects, and runs with the student's torch-function and dispatch modes off (guard.Guard). These are the
 rank's answers: the supervisor judges them, and trusts nothing else a rank says.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import wire
+from .guard import Guard
 
 MAX_ELEMENTS = 1 << 22        # values sent per tensor
 BUDGET_BYTES = 48 << 20       # values of the answers sent per rank in all
@@ -60,7 +61,6 @@ def tensor_bytes(t) -> memoryview:
 
 def describe(obj, budget: Budget, blobs: list) -> dict:
     """Plain data for a value the entry function returned or held (its bytes appended to `blobs`)."""
-    from .backend import _Guard
     try:
         kind = type(obj)
         if not issubclass(kind, _TB):
@@ -70,7 +70,7 @@ def describe(obj, budget: Budget, blobs: list) -> dict:
         waited = _async_collective(obj)
         if waited is not None:
             obj, kind = waited, type(waited)
-        with _Guard():
+        with Guard():
             plain = kind in (torch.Tensor, torch.nn.Parameter)
             t = _TB.detach(obj)
             out = {"kind": "tensor", "plain": plain, "type": kind.__name__, "dtype": str(t.dtype),

@@ -19,7 +19,8 @@ import sys
 
 from ..comm import API_NAMES
 from . import flow
-from .static import DEFS, GROUP_METHODS, _Scope, _bound_names
+from ..comm import GROUP_METHODS
+from .scope import DEFS, Scope, bound_names
 
 # Calls that start processes, by their origin where it is the standard library or torch (`os.system`, never
 # `platform.system`); by their name alone where the origin is unknown (`ctx.Process(...)` of
@@ -85,7 +86,7 @@ class _Actions:
     or calls, or passes to a call, one of the submission's functions, classes or methods that does."""
 
     def __init__(self, tree: ast.Module):
-        self.scope = _Scope()
+        self.scope = Scope()
         self.functions: dict[str, ast.AST] = {}
         self.classes: dict[str, ast.ClassDef] = {}
         self.methods: dict[str, list[ast.AST]] = {}
@@ -105,7 +106,7 @@ class _Actions:
         self._depth = 0
         self._work = 0                   # nodes looked at, within MAX_WORK
 
-    def acts(self, node: ast.AST, scope: _Scope | None = None, local: dict | None = None,
+    def acts(self, node: ast.AST, scope: Scope | None = None, local: dict | None = None,
              in_function: bool = False) -> bool:
         scope, local = scope or self.scope, local or {}
         for sub in _run_nodes(node, in_function):
@@ -116,7 +117,7 @@ class _Actions:
                 return True
         return False
 
-    def _call_acts(self, call: ast.Call, scope: _Scope, local: dict) -> bool:
+    def _call_acts(self, call: ast.Call, scope: Scope, local: dict) -> bool:
         func = call.func
         if isinstance(func, ast.Lambda):
             return False                 # its body runs, and _run_nodes walks it with the call's own nodes
@@ -140,7 +141,7 @@ class _Actions:
                 return True
         return False
 
-    def _follows(self, ref: ast.AST, scope: _Scope, local: dict) -> bool:
+    def _follows(self, ref: ast.AST, scope: Scope, local: dict) -> bool:
         """Whether the submission's own code that `ref` names acts when called: a function (nested in the one
         being followed, or the module's), a class (its __init__ ...), or any own method of that name."""
         if isinstance(ref, ast.Name) and scope.lookup(ref.id) is None:
@@ -161,7 +162,7 @@ class _Actions:
                 return True              # too deep a chain of calls to follow: taken to act
             self._depth += 1
             self._done[id(fn)] = False   # a recursive call adds nothing
-            scope, local = _Scope(self.scope), {}
+            scope, local = Scope(self.scope), {}
             for stmt in fn.body:
                 for node in _run_nodes(stmt, in_function=True):
                     if isinstance(node, ast.stmt):
@@ -192,9 +193,9 @@ class _Definitions:
     def keep(self, stmt: ast.stmt) -> ast.stmt | None:
         kept = self._keep(stmt)
         if kept is None:
-            self.dropped |= _bound_names(stmt) - self.bound
+            self.dropped |= bound_names(stmt) - self.bound
         elif isinstance(stmt, (ast.Import, ast.ImportFrom) + DEFS):
-            self._bind(_bound_names(stmt))
+            self._bind(bound_names(stmt))
         return kept
 
     def _bind(self, names) -> None:

@@ -51,7 +51,7 @@ def _const(node: ast.AST) -> str | None:
 
 
 class Flow:
-    """Answers for one scope: `nodes` are its live nodes (static._live_nodes), `outer` the module's Flow."""
+    """Answers for one scope: `nodes` are its live nodes (scope.live_nodes), `outer` the module's Flow."""
 
     def __init__(self, nodes: list[ast.AST], parent_map: dict[int, ast.AST], outer: Flow | None = None):
         self.parent_map, self.outer = parent_map, outer

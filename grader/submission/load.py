@@ -16,7 +16,8 @@ from pathlib import Path
 
 from . import notebook
 from .notebook import LineMap
-from .static import Problem, entry_origin, parse_source, written_modules
+from .parse import Problem, parse_source
+from .program import entry_origin, written_modules
 
 MAX_BYTES = 1 << 20  # a submission of more than 1 MiB is not a solution to this exercise
 SUFFIXES = (".py", ".ipynb")

@@ -16,8 +16,8 @@ Without IPython (an environment that lacks it) cells are read the same way by a 
 leaves `%time STMT` out with a note.
 
 Cells are joined with one blank line between them; `NotebookCode.lines` says where each line of the
-joined code (and of each written file) is in the notebook: (code cell, counted from 1 as the notebook
-shows them; line in that cell), for messages the student can find.
+joined code (and of each written file) is in the notebook: (cell, counted from 1 over every cell, markdown
+included, as the notebook shows them; line in that cell), for messages the student can find.
 
 `read_notebook` never raises: a notebook that cannot be graded becomes a (catalog key, values) problem --
 bad JSON, no code cells, or `run_worker` split over cells with other top-level code between its parts
@@ -54,7 +54,7 @@ def _lines(text: str) -> list[str]:
 def _transformer():
     """IPython's TransformerManager, or None where IPython is not installed."""
     if not _TRANSFORMER:
-        try:
+        try:   # here, once: a large import, paid only where a notebook is read
             from IPython.core.inputtransformer2 import TransformerManager
             _TRANSFORMER.append(TransformerManager())
         except Exception:  # ImportError, or a broken IPython
@@ -324,9 +324,9 @@ def read_notebook(text: str) -> NotebookCode:
     chunks, notes, line, number, files, where = [], [], 1, 0, _Files(), {}
     try:
         for cell in cells:
+            number += 1   # every cell counts, markdown too: "cell 6" is the sixth cell the student sees
             if not (isinstance(cell, dict) and cell.get("cell_type") == "code"):
                 continue
-            number += 1
             src = _cell_text(cell)
             magic = _cell_magic(src)
             if magic is not None and magic[0] in WRITEFILE_MAGICS:

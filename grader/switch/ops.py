@@ -141,9 +141,12 @@ def _signature(call: Call, args: Args) -> str:
     return f"{call.api or call.method}({', '.join(parts)})"
 
 
+MISMATCH_WORDS = "the ranks called different operations, or the same one with different shapes"   # diagnose rewords it
+
+
 def mismatch(calls: list[tuple[Call, Args]]) -> OpError:
     listing = "; ".join(f"rank {c.rank}: {_signature(c, a)}" for c, a in calls)
-    return OpError(f"the ranks called different operations, or the same one with different shapes: {listing}")
+    return OpError(f"{MISMATCH_WORDS}: {listing}")
 
 
 # -- the families of operations -------------------------------------------------------------------------

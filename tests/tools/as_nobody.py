@@ -17,8 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from grader.processes.sandbox import (CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC,  # noqa: E402
-                                      MS_REMOUNT, mount, unshare)
+from grader.processes.linux import (CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC,  # noqa: E402
+                                    MS_REMOUNT, mount, unshare)
 
 NOBODY = 65534
 

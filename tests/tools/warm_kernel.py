@@ -36,7 +36,9 @@ def write_kernelspec(root: Path, python: str, sock: str) -> None:
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [python, str(Path(__file__).resolve()), "-f", "{connection_file}"],
         "display_name": "Python 3 (ipykernel)", "language": "python",
-        "env": {SOCKET_ENV: sock}, "metadata": {"debugger": False}}))
+        "env": {SOCKET_ENV: sock},
+        # ipykernel's own spec says it takes CurveZMQ keys; so does this one (the kernel is ipykernel's)
+        "metadata": {"debugger": False, "supported_encryption": ["curve"]}}))
 
 
 # -- the server --------------------------------------------------------------------------------------

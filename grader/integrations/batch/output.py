@@ -1,5 +1,11 @@
 """What a batch prints: the progress line while it grades, the class's summary when it is done. Names are
-printed with their control characters escaped (gradebook.printable) and fitted to the terminal's columns."""
+printed with their control characters escaped (gradebook.printable) and fitted to the terminal's columns.
+
+The progress line is not tqdm's: tqdm draws the bar on a terminal, but off one (a batch under nohup, in CI,
+its stderr in a log) it writes the same carriage-return frames into the file, or nothing at all (disable=None),
+where a log wants a plain line at most every 10% or 10 s. That half is the one tests and logs see; the bar
+is the dozen lines left, not worth a dependency of the grading machine.
+"""
 from __future__ import annotations
 
 import statistics

@@ -22,7 +22,9 @@ from ...exercise import registry
 from ...feedback.results import failed_results, to_gradescope
 from ...processes import launch
 from ...processes.runner import Runner
-from ...processes.sandbox import Limits, default_total_mb, set_parent_death_signal
+from ...processes.cgroup import default_total_mb
+from ...processes.limits import Limits
+from ...processes.linux import set_parent_death_signal
 from ...submission import load as loader
 from .discover import Student
 
