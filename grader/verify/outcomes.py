@@ -6,6 +6,7 @@ import signal
 
 from ..model import Note, Outcome
 from ..records import RankRecord, RunOutcome
+from ..switch.ops import MISMATCH_WORDS
 from .diagnose import at, failed_call, op_name
 
 
