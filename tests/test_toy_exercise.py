@@ -13,7 +13,7 @@ from conftest import ROOT, run_cli
 
 EXERCISE = '''
 """Toy exercise: every rank ends with rank 0's vector, sent with a broadcast."""
-from grader.exercise import Check, Exercise, Quantity
+from grader.exercise import Check, Exercise, Mistake, Quantity
 
 N = 64
 
@@ -32,9 +32,7 @@ EXERCISE = Exercise(
         Check("ws3.vector", "value", 4, ("广播（{ws} 个进程）", "Broadcast ({ws} ranks)"), hidden=True, world_size=3, quantity="vector"),
     ),
     messages={"cause.own_vector": ("原因：{quantity} 还是本进程自己的向量。", "Cause: {quantity} is still this rank's own vector.")},
-    diagnose=lambda case: (
-        [("cause.own_vector", {"quantity": case.quantity})]
-        if case.values is not None and case.rank and list(case.values) == data(case.rank, case.ws) else []),
+    mistakes=(Mistake("cause.own_vector", value=data, params={"quantity": "vector"}),),   # its own vector, unchanged
     todo=("请完成 share", "complete share"),
 )
 '''
