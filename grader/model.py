@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 
 class Outcome(str, enum.Enum):
-    """Why a check passed or failed; decided in a fixed order (see verify.py)."""
+    """Why a check passed or failed (verify/outcomes.py decides how a rank ended, verify/kinds/ each check)."""
     PASS = "pass"
     NOT_SUBMITTED = "not_submitted"      # load problem: empty, not UTF-8, bad notebook ...
     SYNTAX_ERROR = "syntax_error"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from .exercise.spec import Exercise
 from .processes.runner import Runner
-from .records import RunRequest
+from .records import RunRequest, Stop
 from .verify.evidence import WorldSizeRuns
 from .verify.judge import Judge
 
@@ -97,7 +97,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
         world sizes' runs, not after them)."""
         req = outcome.request
         if req.perturb and req.world_size == real_at and not req.real:
-            if speculative and not judge.proven(outcome) and (not self_checks or outcome.stop in ("deadlock", "timeout")):
+            if speculative and not judge.proven(outcome) and (not self_checks or outcome.stop in (Stop.DEADLOCK, Stop.TIMEOUT)):
                 return [len(first) - 1]
             if not speculative and judge.proven(outcome):
                 decided = WorldSizeRuns(real_at, perturbed=[outcome])
@@ -108,7 +108,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     for outcome in runner.run_many(first, watch=watch, parallel=parallel):
         entry = runs[outcome.request.world_size]
         if outcome.request.real:
-            entry.real = outcome if outcome.stop != "cancelled" else None
+            entry.real = outcome if outcome.stop != Stop.CANCELLED else None
         elif outcome.request.perturb:
             entry.perturbed.append(outcome)
         else:
@@ -133,7 +133,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
             entry.real = None   # it could cost nothing: the switch runs failed where it would
         elif entry.real is None:
             entry.real = runner.run_many([request(real_at, (), "real", "real")], parallel=parallel)[0]
-        if entry.real is not None and entry.real.stop == "timeout":
+        if entry.real is not None and entry.real.stop == Stop.TIMEOUT:
             # code the switch runs passed, out of time on gloo: once more with twice the time before it costs
             # the world size's points (gloo's set-up on a loaded machine: a class's fork bomb beside it)
             entry.real = runner.run_many([request(real_at, (), "real", "real", scale=2.0)], parallel=parallel)[0]

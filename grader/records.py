@@ -109,10 +109,6 @@ class RankResult:
     def returned(self) -> bool:
         return self.how is How.RETURN
 
-    def get(self, key: str, default=None):
-        """A field by name: exercise code reads the result as a mapping (`result.get("values")`)."""
-        return getattr(self, key, default) if key in self.__dataclass_fields__ else default
-
 
 @dataclass
 class RankRecord:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..model import Note
 from ..switch import Call
-from ..records import How, RankRecord, RunOutcome
+from ..records import How, RankRecord, RunOutcome, Stop
 
 
 
@@ -126,7 +126,7 @@ def _own_fault_outside(run: RunOutcome, record: RankRecord) -> bool:
     result = record.result
     if result is not None and result.how in (How.RAISE, How.EXIT, How.LOAD_ERROR):
         return failed_call(record) is None
-    return result is None and record.inside is None and run.stop == "timeout"
+    return result is None and record.inside is None and run.stop == Stop.TIMEOUT
 
 
 def mismatched_calls(run: RunOutcome) -> Note | None:
@@ -161,7 +161,7 @@ def mismatched_calls(run: RunOutcome) -> Note | None:
 def blocked_in_send(run: RunOutcome) -> Note | None:
     """A deadlock where every rank waits in a send: gloo does not buffer sends, so a send completes only
     once its peer posts the receive."""
-    if run.stop != "deadlock":
+    if run.stop != Stop.DEADLOCK:
         return None
     waiting = [rec.inside for rec in run.ranks if not rec.finished]
     posted = any(c.op == "recv" and not c.completed for rec in run.ranks for c in rec.calls)
@@ -173,7 +173,7 @@ def blocked_in_send(run: RunOutcome) -> Note | None:
 def blocked_in_recv(run: RunOutcome) -> Note | None:
     """A deadlock where every rank waits in a receive and no send is pending anywhere: each receives before it
     sends, so none ever sends."""
-    if run.stop != "deadlock":
+    if run.stop != Stop.DEADLOCK:
         return None
     waiting = [rec.inside for rec in run.ranks if not rec.finished]
     posted = any(c.op == "send" and not c.completed for rec in run.ranks for c in rec.calls)
@@ -226,7 +226,7 @@ def group_name_conflict(run: RunOutcome) -> Note | None:
 def tag_mismatch(run: RunOutcome) -> Note | None:
     """A deadlock where a rank waits to receive from a peer whose send to it, also pending, carries another
     tag: a send pairs only with a receive of the same tag (and group)."""
-    if run.stop != "deadlock":
+    if run.stop != Stop.DEADLOCK:
         return None
     for rec in run.ranks:
         for call in rec.calls:
@@ -246,7 +246,7 @@ def tag_mismatch(run: RunOutcome) -> Note | None:
 def unmatched_receive(run: RunOutcome) -> Note | None:
     """A deadlock where a rank waits to receive from a peer that never sends to it (a wrong neighbour):
     receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""
-    if run.stop != "deadlock":
+    if run.stop != Stop.DEADLOCK:
         return None
     for rec in run.ranks:
         for call in rec.calls:

@@ -14,7 +14,7 @@ import numpy as np
 from ..comm import OPS
 from ..exercise.spec import Exercise, Linear, Quantity
 from ..model import Outcome
-from ..records import How, RankRecord, RunOutcome
+from ..records import How, RankRecord, RunOutcome, Stop
 from ..switch.perturb import perturbable
 from ..wire import HALF
 from . import outcomes
@@ -98,7 +98,7 @@ class Evidence:
         if key in self._proofs:
             return self._proofs[key]
         proof = None
-        if run.stop != "grader_error" and any(run.request.perturbs(op) for op in quantity.through or OPS):
+        if run.stop != Stop.GRADER_ERROR and any(run.request.perturbs(op) for op in quantity.through or OPS):
             value = self.value(run.ranks[rank], quantity.name)[0] if check is None else \
                 Value.of(run.ranks[rank].checks[check]["values"].get(quantity.name))
             if self.shape_ok(quantity, value, run.request.world_size)[0] is Outcome.PASS:
@@ -208,7 +208,7 @@ class Evidence:
 
     def whole(self, run: RunOutcome) -> bool:
         """The run ended with every rank done and none failing."""
-        return run.stop == "completed" and not any(outcomes.rank_failure(run, rec) for rec in run.ranks)
+        return run.stop == Stop.COMPLETED and not any(outcomes.rank_failure(run, rec) for rec in run.ranks)
 
     def measured_runs(self, runs: WorldSizeRuns, quantity: Quantity | None) -> list[tuple[RunOutcome, set[int]]]:
         """Every switch run of the world size whose measures a check of what passed through the switch
@@ -217,7 +217,7 @@ class Evidence:
         not complete are left out."""
         out = []
         for run in runs.switch_runs:
-            if run.stop == "grader_error":
+            if run.stop == Stop.GRADER_ERROR:
                 continue
             n = run.request.world_size
             if self.whole(run):
@@ -227,7 +227,7 @@ class Evidence:
             else:
                 complete = set()
             out.append((run, complete))
-        if runs.clean is not None and runs.clean.stop == "grader_error":
+        if runs.clean is not None and runs.clean.stop == Stop.GRADER_ERROR:
             return []   # the run that decides values could not be made: nothing is judged
         return out
 

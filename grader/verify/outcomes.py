@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from ..model import Note, Outcome
-from ..records import RankRecord, RunOutcome
+from ..records import RankRecord, RunOutcome, Stop
 from ..switch.ops import MISMATCH_WORDS
 from .diagnose import at, failed_call, op_name
 
@@ -41,11 +41,11 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         return None
     if record.out_of_memory:   # the rank's memory limit left the grader's code inside it no room
         return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
-    if run.stop == "output_limit" and run.stop_rank == r:
+    if run.stop == Stop.OUTPUT_LIMIT and run.stop_rank == r:
         return Outcome.OUTPUT_LIMIT, Note("fail.output", {"rank": r})
-    if run.stop == "traffic_limit" and run.stop_rank == r:
+    if run.stop == Stop.TRAFFIC_LIMIT and run.stop_rank == r:
         return Outcome.TRAFFIC_LIMIT, Note("fail.unread" if record.unread else "fail.traffic", {"rank": r})
-    if run.stop == "protocol" and run.stop_rank == r:
+    if run.stop == Stop.PROTOCOL and run.stop_rank == r:
         if record.broken is not None:
             return Outcome.PROTOCOL, Note("fail.broken", {"rank": r, "error": record.broken})
         return Outcome.PROTOCOL, Note("fail.protocol", {"rank": r})
@@ -53,7 +53,7 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
     sig = exit_info.get("signal")
     if sig == signal.SIGKILL and run.oom_killed:
         return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
-    if sig is not None and not (sig == signal.SIGKILL and run.stop != "completed"):
+    if sig is not None and not (sig == signal.SIGKILL and run.stop != Stop.COMPLETED):
         if sig == signal.SIGXCPU:
             return Outcome.CPU_LIMIT, Note("fail.cpu", {"rank": r})
         if sig == signal.SIGXFSZ:
@@ -64,13 +64,13 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
         return Outcome.CRASH, Note("fail.signal", {"rank": r, "signal": sig, "name": _signal_name(sig)})
     if "code" in exit_info:
         return Outcome.EARLY_EXIT, Note("fail.os_exit", {"rank": r, "code": exit_info["code"]})
-    if run.stop == "process_limit" or (run.stop == "timeout" and run.process_limit_hit):
+    if run.stop == Stop.PROCESS_LIMIT or (run.stop == Stop.TIMEOUT and run.process_limit_hit):
         return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
-    if run.stop == "timeout":
+    if run.stop == Stop.TIMEOUT:
         return Outcome.TIMEOUT, _where(record, "fail.timeout")
-    if run.stop == "deadlock":
+    if run.stop == Stop.DEADLOCK:
         return Outcome.DEADLOCK, _where(record, "fail.deadlock")
-    if run.stop in ("failfast", "output_limit", "traffic_limit", "protocol"):
+    if run.stop in (Stop.FAILFAST, Stop.OUTPUT_LIMIT, Stop.TRAFFIC_LIMIT, Stop.PROTOCOL):
         return Outcome.EXCEPTION, Note("fail.stopped", {"rank": r, "other": run.stop_rank})
     return Outcome.GRADER_ERROR, Note("fail.grader", {"rank": r})
 

@@ -4,6 +4,8 @@ what the runs observed (an operation the text does not show, reached; a forbidde
 """
 from __future__ import annotations
 
+from ..records import Stop
+
 from ..exercise.spec import Check
 from ..model import CheckResult, Note, Outcome
 from . import causes, diagnose, outcomes
@@ -18,7 +20,7 @@ def real_backend(judge, results: list[CheckResult], runs: dict) -> None:
     entry function's locals when it raised); any other check, where the real run failed and the switch
     runs of that world size did not."""
     for ws, entry in runs.items():
-        if entry.real is None or entry.real.stop == "grader_error":
+        if entry.real is None or entry.real.stop == Stop.GRADER_ERROR:
             continue
         for i, result in enumerate(results):
             if result.spec.world_size != ws or result.spec.kind == "static" or not result.passed:
@@ -52,7 +54,7 @@ def _real_problem(judge, runs: WorldSizeRuns, check: Check) -> list[Note]:
 
 def _unwaited_sends(runs: WorldSizeRuns) -> list[Note]:
     """A hung real run beside a switch run where a rank never waited on an isend's request: on gloo a
-    request dropped before its receiver posts the receive is never delivered (FIELD-NOTES), which the
+    request dropped before its receiver posts the receive is never delivered (measured on gloo), which the
     switch, delivering every send it was given, does not show."""
     for run in runs.switch_runs[:1]:
         for record in run.ranks:
@@ -95,7 +97,7 @@ def _completed_everywhere(op: str, runs: dict):
     from the module's top level), or None."""
     for ws_runs in runs.values():
         for run in ws_runs.switch_runs:
-            if run.stop == "grader_error" or not run.ranks:
+            if run.stop == Stop.GRADER_ERROR or not run.ranks:
                 continue
             found = [next((c for c in rec.calls if c.op == op and c.completed and c.ok and c.function != "<module>"), None)
                      for rec in run.ranks]

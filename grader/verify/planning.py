@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..exercise.spec import Exercise
 from ..model import Outcome
-from ..records import RunOutcome
+from ..records import RunOutcome, Stop
 from . import diagnose, outcomes
 from .evidence import WorldSizeRuns
 
@@ -18,7 +18,7 @@ def proven(judge, run: RunOutcome) -> bool:
     design; the run records it and goes on), the values as they stood at each failed check must be proven
     too: a clean run would have stopped there, with those values, if the check failed there as well, and
     otherwise gone on as this run did."""
-    if run.stop != "completed":
+    if run.stop != Stop.COMPLETED:
         return False
     for record in run.ranks:
         if outcomes.rank_failure(run, record) is not None or record.checks_dropped:
@@ -43,7 +43,7 @@ def untouched(run: RunOutcome) -> bool:
     that world size's clean run. Only where every rank got as far as the student's code, and none of its
     own checks failed (a perturbed run records them and goes on, where a clean run stops): a rank that
     failed while the grader set it up gets its clean run, a second chance."""
-    return run.stop != "grader_error" and bool(run.ranks) and all(record.ready for record in run.ranks) and \
+    return run.stop != Stop.GRADER_ERROR and bool(run.ranks) and all(record.ready for record in run.ranks) and \
         not any(record.checks or record.checks_dropped for record in run.ranks) and \
         not any(call.completed and call.receives for record in run.ranks for call in record.calls)
 
@@ -54,7 +54,7 @@ def unobserved(judge, runs: WorldSizeRuns) -> list[tuple[str, ...]]:
     wanted = []
     if runs.clean is None:
         return wanted
-    if runs.clean.stop not in ("completed", "failfast") and all(p.stop == runs.clean.stop for p in runs.perturbed):
+    if runs.clean.stop not in (Stop.COMPLETED, Stop.FAILFAST) and all(p.stop == runs.clean.stop for p in runs.perturbed):
         return wanted   # clean and perturbed runs ended alike (a time limit, say): perturbing less changes nothing
     for quantity in judge.exercise.quantities:
         if not quantity.provenance or not quantity.through:

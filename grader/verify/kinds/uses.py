@@ -3,6 +3,8 @@ run of the world size (measured at the switch, which sees every operation betwee
 """
 from __future__ import annotations
 
+from ...records import Stop
+
 from ...exercise.spec import Check
 from ...model import CheckResult, Note, Outcome
 from .. import causes, diagnose, outcomes
@@ -19,7 +21,7 @@ def evaluate(judge, check: Check, runs: WorldSizeRuns) -> CheckResult:
     The outcome says what happened: a forbidden operation, a rank that failed (so that an operation
     never completed), right numbers computed without the operations' data, or a wrong use."""
     run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
-    if run is None or run.stop == "grader_error":
+    if run is None or run.stop == Stop.GRADER_ERROR:
         return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
     forbidden = set(check.forbid or judge.exercise.forbidden)
     notes, outcome = [], Outcome.WRONG

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...exercise.spec import Check, Quantity
 from ...model import CheckResult, Note, Outcome
-from ...records import RankRecord
+from ...records import RankRecord, Stop
 from .. import causes, diagnose, outcomes
 from ..compare import all_close
 from ..evidence import WorldSizeRuns, _tolerance  # noqa: F401  (the value's tolerance, as evidence compares it)
@@ -27,7 +27,7 @@ def evaluate(judge, check: Check, runs: WorldSizeRuns) -> CheckResult:
     passed = Note("pass.value", {"quantity": quantity.name, "ops": _ops_used(quantity, runs)})
     if run is None:  # skipped: the perturbed run proved every rank's value
         return CheckResult(check, Outcome.PASS, check.points, [passed])
-    if run.stop == "grader_error":
+    if run.stop == Stop.GRADER_ERROR:
         return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": run.error or ""})])
     verdicts = []
     for record in run.ranks:
