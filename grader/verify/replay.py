@@ -147,7 +147,8 @@ class _Hub:
         self.out = [RankReplay() for _ in range(view.ws)]
 
     def key(self, rank: int, op: Op) -> tuple:
-        channel = ("p2p", op.group) if op.kind in ("send", "recv") else ("collective", op.group)
+        channel = ("p2p", op.group) if op.kind in ("send", "recv") else (
+            "replicated" if op.kind == "replicated" else "collective", op.group)
         n = self.counts.get((rank, channel), 0)
         self.counts[(rank, channel)] = n + 1
         return channel + (n,)
@@ -179,6 +180,8 @@ class _ReplayComm(Comm):
         hub, rank = self.hub, self.rank
         self.n += 1
         key = hub.key(rank, op)
+        if op.kind == "replicated":
+            return self._replicated(key, op)
         match = self._match(op) if op.x is not None else None
         hub.post(key, rank, match)
         out = hub.out[rank]
@@ -192,6 +195,19 @@ class _ReplayComm(Comm):
         result = self._result(op, matches, match)
         self.received = True
         return result
+
+    def _replicated(self, key, op: Op) -> np.ndarray:
+        """x, or where every member all-reduced its share of x (x / N summed, or x averaged), what that
+        all-reduce delivered: a rank's later values are made from it, with its deltas."""
+        hub, rank = self.hub, self.rank
+        reduce = Op("all_reduce", op.group, op.x, "mean", scales=op.scales)
+        match = None if np.isnan(op.x).any() else self._strict(reduce, hub.view.calls[rank])
+        hub.post(key, rank, match)
+        matches = hub.wait(key, op.group)
+        if match is None or any(matches.get(q) is None for q in op.group):
+            return op.x.copy()
+        hub.out[rank].calls += [c for c in match.calls if c not in hub.out[rank].calls]
+        return self._result(reduce, matches, match)
 
     # -- the sending side
     def _compatible(self, op: Op, call, sending: bool) -> bool:
@@ -420,7 +436,11 @@ class Replays:
             mine = replayed[rank]
             if first is None:
                 first = (mine, replayed)
-            if _mine(mine, rank) and any(f.key == "replay_missing" for f in _mine(mine, rank)):
+            # an operation of the step the rank never made leaves unknown (NaN) what depends on it; a value the
+            # step made before it, or apart from it, still stands (the output of a forward pass whose backward
+            # all-reduce is missing)
+            made = (mine.values or {}).get(name)
+            if any(f.key == "replay_missing" for f in _mine(mine, rank)) and (made is None or np.isnan(made).any()):
                 continue
             other = self._get("own" if part == "delivered" else "delivered", stand_in, False)[rank]
             candidates = [r.values[name] for r in (mine, other) if r.values and name in r.values]
