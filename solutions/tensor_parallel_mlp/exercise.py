@@ -1,4 +1,4 @@
-"""Chapter 20, exercise 1: a Megatron-style tensor-parallel MLP, Y = GeLU(X A) B, forward and backward.
+"""The course's next chapter, tensor parallelism: a Megatron-style MLP, Y = GeLU(X A) B, forward and backward.
 
 A is split by columns (rank r holds A_r = A[:, shard r]), B by rows (B_r = B[shard r, :]): each rank computes
 Z_r = GeLU(X A_r) B_r alone, and an all-reduce (SUM) of the Z_r gives Y (Megatron's g). With dY = Y - T (loss
@@ -39,7 +39,7 @@ def step(comm, rank, ws, reduce_y=1, reduce_dx=1, y_op="sum", dx_op="sum", gelu_
         y = comm.all_reduce(y, op=y_op).reshape(TOKENS, D)      # g: all-reduce forward
     out = gelu(y) if gelu_after else y
     dy = loss * (out - T) * (gelu_grad(y) if gelu_after else 1)
-    # dY is the same on every rank; torch.distributed.nn.functional.all_reduce's backward sums each rank's dY / N
+    # dY, the same on every rank; a rank may all-reduce its dY / N (torch.distributed.nn.functional's backward)
     dy = (comm.all_reduce(dy) if reduce_dy else comm.replicated(dy)).reshape(TOKENS, D)
     dh = (dy @ b.T) * (1 if gelu_after else gelu_grad(u))
     dx = dh @ a.T                                               # dX_r, a partial sum

@@ -1,4 +1,4 @@
-# 20.1 张量并行 MLP（Megatron）| A tensor-parallel MLP, Megatron style (column-parallel, GeLU, row-parallel)
+# 张量并行 MLP（Megatron）| A tensor-parallel MLP, Megatron style (column-parallel, GeLU, row-parallel)
 #
 #   python -m grader check tensor_parallel_mlp.py     # 自检（2 个进程）/ check it yourself (2 ranks)
 #   python tensor_parallel_mlp.py                     # 直接运行 2 个进程 / run 2 ranks directly
