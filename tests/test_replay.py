@@ -215,3 +215,18 @@ def test_a_value_not_from_the_communication_is_not_proven_where_an_operation_is_
     local = np.sum([own(q) for q in range(2)], axis=0)   # the right numbers, computed locally: no deltas
     found = proofs(sim, [{"y": local} for _ in range(2)])
     assert not any(found.values())
+
+
+def test_an_operation_made_with_another_collective_is_missing_not_a_wrong_contribution_of_the_next():
+    """The partials all-gathered and summed locally, then the backward all-reduce: that all-reduce is the step's
+    second operation, never read as a wrong send of its first."""
+    sim = Sim(2, perturb=("all_reduce", "all_gather"))
+    gathered = sim.all_gather([own(r).astype(F32) for r in range(2)])
+    ys = [g.reshape(2, -1).sum(axis=0) for g in gathered]
+    dxs = sim.all_reduce([((ys[r] - 1) * (r + 2)).astype(F32) for r in range(2)])
+    replays = Replays(RunView(sim.run()), mlp_step)
+    for rank in range(2):
+        for name, value in (("y", ys[rank]), ("dx", dxs[rank])):
+            proof = replays.prove(rank, name, np.asarray(value, dtype=np.float64), "torch.float32")
+            assert not proof.ok and proof.finding.key == "replay_missing", (rank, name, proof.finding)
+            assert proof.finding.params["n"] == 1

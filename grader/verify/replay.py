@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..comm import COLLECTIVES
 from ..exercise.reference import Comm, Op, StepError, TIMEOUT_S, run_ranks
 from .observe import RunView
 from .proof import Finding, Proof, tolerance
@@ -187,8 +188,8 @@ class _ReplayComm(Comm):
         out = hub.out[rank]
         if match is not None:
             out.calls += [c for c in match.calls if c not in out.calls]
-            if match.bad is not None and match.bad.size:
-                out.findings.append(self._contribution(op, match))
+            if match.bad is not None and match.bad.size and np.isfinite(op.x).any():   # (an x made of unknowns
+                out.findings.append(self._contribution(op, match))                    # has nothing to compare)
         if op.kind == "send":
             return None
         matches = hub.wait(key, (op.root,) if op.kind == "recv" else op.group)
@@ -234,7 +235,9 @@ class _ReplayComm(Comm):
             if self._compatible(op, call, sending=True):
                 found.append(call)
                 size += call.sent_numel
-        if not found:
+            elif not found and self._instead(op, call):
+                break
+        if not found:   # the rank never made this operation (the next call of its kind is a later one's)
             return _Match([], x, bad=np.arange(x.size))
         hub.cursor[rank] = i
         sent = _flat(v for c in found for v in c.sent_values())
@@ -290,6 +293,13 @@ class _ReplayComm(Comm):
             return None
         hub.cursor[rank] = i
         return _Match(found, x, maps, float(scale), np.zeros(0, dtype=np.int64))
+
+    def _instead(self, op: Op, call) -> bool:
+        """A completed collective of another kind that sent as many elements as the step's x: the rank made
+        this operation another way (an all-gather summed locally for an all-reduce), so the next call of the
+        step's kind belongs to a later operation and is not read as a wrong contribution to this one."""
+        return (op.kind not in ("send", "recv") and call.op in COLLECTIVES and call.op not in RECEIVERS[op.kind]
+                and call.completed and call.ok and call.sends and call.sent_numel == op.x.size)
 
     def _contribution(self, op: Op, match: _Match) -> Finding:
         call = match.calls[0] if match.calls else None
