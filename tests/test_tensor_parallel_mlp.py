@@ -7,7 +7,9 @@ coalesced, float64 score 100; each mistake and cheat gets what its sidecar says)
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -97,3 +99,17 @@ def test_check_passes_the_solution_with_the_megatron_account_and_fails_the_stub_
     assert stub.returncode == 1 and stub.stdout.startswith(f"== {EX}.py: Score: 0 / 40 =="), stub.stdout
     assert "complete TODO 1 (forward: all-reduce the partial outputs) and TODO 2" in stub.stdout
     assert "Traceback" not in stub.stdout + stub.stderr
+
+
+def test_the_notebook_holds_the_solutions_functions_and_names_hidden_checks_by_order():
+    cells = json.loads((ROOT / "solutions" / EX / f"{EX}.ipynb").read_text(encoding="utf-8"))["cells"]
+    by_id = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"]) for c in cells}
+    functions = lambda text: {n.name: ast.dump(n) for n in ast.parse(text).body if isinstance(n, ast.FunctionDef)}  # noqa: E731
+    ours = functions((ROOT / "solutions" / EX / f"{EX}.py").read_text(encoding="utf-8"))
+    given = functions(by_id["given"])
+    assert set(given) == {"_grid", "make_input", "make_target", "make_weights", "gelu_grad"}
+    assert {**given, **functions(by_id["run_worker"])} == {n: ours[n] for n in (*given, "run_worker")}
+    hidden = sorted({c.world_size for c in EXERCISE.checks if c.hidden})
+    assert [gid for gid in by_id if gid and gid.startswith("test_")] == [
+        f"test_hidden_{c.id.split('.', 1)[1]}_{hidden.index(c.world_size) + 1}" if c.hidden else "test_" + c.id.replace(".", "_")
+        for c in EXERCISE.checks]

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from grader.exercise import Check, Exercise, Mistake, Quantity, Ran, SentAs, Teach, Todo
-from grader.exercise.reference import outcome
+from grader.exercise import Check, Exercise, Mistake, Quantity, Ran, Sent, SentAs, Teach, Todo
+from grader.exercise.reference import outcome, sent
 
 TOKENS, D, H = 4, 8, 12
 VISIBLE, HIDDEN = (2,), (3, 4)
@@ -67,6 +67,7 @@ MISTAKES = (
     *(Mistake("cause.b_not_split_by_rows", error=rf"\(\d+x{H // n} and {H}x\d+\)", ws=lambda ws, n=n: ws == n) for n in (2, 3, 4)),
     Mistake("cause.weight_layout", "dA", shape=lambda ws: [H // ws, D]), Mistake("cause.weight_layout", "dB", shape=lambda ws: [D, H // ws]),
     _summed("dA"), _summed("dB"),
+    Mistake("cause.partials_all_gathered", when=(Sent("all_gather", lambda rank, ws: [sent(step, ws)[rank][0][1]]),)),
 )
 TEACH = (
     Teach("teach.header", per="run", say=lambda f: {"size": TOKENS * D}),
@@ -102,12 +103,13 @@ MESSAGES = {
                             "Cause: the gradient is transposed: an nn.Linear's weight is (out, in), that is A^T and B^T; dA has A_r's shape (D x H/N) and dB has B_r's (H/N x D): return weight.grad.T."),
     "cause.shard_grad_all_reduced": ("原因：分片的梯度被 all_reduce 了：进程 r 的 dA_r、dB_r 是它自己那一片权重的梯度，各进程的分片不同，不需要同步（同步梯度是数据并行的做法）。",
                                      "Cause: a shard's gradient was all-reduced: rank r's dA_r and dB_r are the gradients of its own shard of the weights, a different shard on every rank, and need no synchronisation (syncing gradients is data parallelism)."),
+    "cause.partials_all_gathered": ("原因：部分输出 Z_r 是用 all_gather 收集、再在本地相加的：数值一样，但每个进程要收下另外 N-1 份（(N-1) × S 字节），而 all_reduce（SUM）在环形算法下每个进程只发送约 2(N-1)/N × S。请用 dist.all_reduce。",
+                                    "Cause: the partial outputs Z_r were all-gathered and added up locally: the same numbers, but each rank receives the N-1 others ((N-1) x S bytes), where an all_reduce (SUM) sends about 2(N-1)/N x S per rank in a ring. Use dist.all_reduce."),
     "teach.header": ("Megatron MLP 的账（{ws} 个进程）：每对（列切分、行切分）线性层只需要两次 all_reduce，每次的大小都是激活 Y（{size} 个元素）：前向一次（g），反向一次（f）；权重和它们的梯度始终分片，从不通信。",
                      "Megatron's MLP account ({ws} ranks): a column- and row-parallel pair of layers needs two all_reduces, each the size of the activation Y ({size} elements): one forward (g), one backward (f); the weights and their gradients stay sharded and never travel."),
     "teach.rank": ("  进程 {rank}：all_reduce 完成了 {count} 次，共发送 {bytes} 字节（每次 S = {size} 字节；环形算法每次约发送 {ring} 字节，2(N-1)/N × S）；本进程只保存 {held} 个权重梯度元素，全部是 {full} 个。",
                    "  rank {rank}: {count} all_reduce, {bytes} bytes sent (S = {size} bytes each; a ring sends about {ring} per call, 2(N-1)/N x S); this rank holds {held} of the {full} weight-gradient elements."),
 }
-
 
 CHECKS = (("y", 8, "前向：行切分的部分输出经 all_reduce 求和得到 Y", "Forward: Y, the row-parallel partials all-reduced"),
           ("dx", 8, "反向：输入梯度 dX 经 all_reduce 求和", "Backward: the input gradient dX, all-reduced"),
@@ -123,9 +125,7 @@ def _runtime(ws, hidden):
                   op="all_reduce", quantity="dx", params={"count": 2, "least": TOKENS * D // 2}))   # a logged loss: not counted
 
 
-def _quantity(name, shape, zh, en):
-    return Quantity(name, combine="reference", through=("all_reduce",), shape=shape, label=(zh, en))
-
+_quantity = lambda name, shape, zh, en: Quantity(name, combine="reference", through=("all_reduce",), shape=shape, label=(zh, en))  # noqa: E731
 
 EXERCISE = Exercise(
     name="tensor_parallel_mlp",
