@@ -174,6 +174,9 @@ PRELOAD_WITH = {
     "torch.nn.parallel": ("torch._dynamo",),
     "torch.compile": ("torch._dynamo", "torch._inductor.compile_fx"),
     "torch.distributed.tensor": ("torch._dynamo",),
+    # tensor parallelism's styles are imported from here, and the first parallelized forward goes through
+    # torch._dynamo: ~7 s in each rank of a loaded machine, where a run has 15
+    "torch.distributed.tensor.parallel": ("torch._dynamo",),
     "torch.utils._python_dispatch": ("torch._dynamo",),
     # assert_close's first call imports DTensor (and sympy): ~520 modules, 0.6 s in each rank (past a run's
     # time limit with a few dozen ranks at once)

@@ -18,7 +18,7 @@ from grader.feedback.render import HIDDEN_VARIANTS
 FOLDERS = {"honest": "dist_primitives", "mistakes": "dist_primitives",
            "ring_allreduce/honest": "ring_allreduce", "ring_allreduce/mistakes": "ring_allreduce",
            "zero_sharded_step": "zero_sharded_step",
-           **{f"{ex}/{kind}": ex for ex in ("grad_accum_no_sync", "fp16_allreduce", "hierarchical_allreduce")
+           **{f"{ex}/{kind}": ex for ex in ("grad_accum_no_sync", "fp16_allreduce", "hierarchical_allreduce", "tensor_parallel_mlp")
               for kind in ("honest", "mistakes")}}
 EXERCISES = registry.available()   # loading them adds their messages to the catalog under their names
 # Traffic shapes that no correct ring all-reduce can have, while the traffic checks judge correct sums only
@@ -50,7 +50,7 @@ def emittable() -> set[str]:
 GRADINGS = {"honest": ("en", ()), "mistakes": ("en", ("--time-limit", "2")), "ring_allreduce/honest": ("en", ()),
             "ring_allreduce/mistakes": ("en", ()), "zero_sharded_step": ("zh", ()),
             **{folder: ("zh", ()) for folder in FOLDERS if folder.split("/")[0] in
-               ("grad_accum_no_sync", "fp16_allreduce", "hierarchical_allreduce")}}
+               ("grad_accum_no_sync", "fp16_allreduce", "hierarchical_allreduce", "tensor_parallel_mlp")}}
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,10 @@
 The ranks are played in-process against the switch (tests/switchsim.py), which adds its secret deltas to
 what they send. The reference step below is a small ZeRO step: reduce-scatter a gradient (mean), update a
 shard from it, all-gather the shards. Every honest way of running it must be proven; every answer that did
-not travel, or a rank that fed the step something else, must not.
+not travel, or a rank that fed the step something else, must not. The last tests replay a tensor-parallel
+layer's shape: a value the step keeps replicated is followed through an all-reduce a rank made of it
+(autograd's backward of torch.distributed.nn.functional.all_reduce on a loss divided by N) as well as without
+one, and a value made before an operation the rank never made still stands.
 """
 from __future__ import annotations
 
@@ -144,3 +147,86 @@ def test_a_step_that_cannot_run_is_an_instructors_error():
         assert "different sizes" in str(err)
     else:
         raise AssertionError("a step with different sizes ran")
+
+
+# -- a value kept replicated, and an operation a rank never made (a tensor-parallel layer's forward and backward)
+
+F32 = np.float32
+
+
+def own(rank: int) -> np.ndarray:
+    return np.arange(6.0) * (rank + 1) / 8 + 0.25
+
+
+def mlp_step(comm, rank, ws):
+    """A forward all-reduce, a gradient the same on every rank (replicated), a backward all-reduce of each
+    rank's part of it: a tensor-parallel layer's shape."""
+    y = comm.all_reduce(own(rank))
+    dy = comm.replicated(y - 1.0)
+    return {"y": y, "dy": dy, "dx": comm.all_reduce(dy * (rank + 2))}
+
+
+def proofs(sim: Sim, values: list) -> dict:
+    replays = Replays(RunView(sim.run()), mlp_step)
+    return {(rank, name): replays.prove(rank, name, np.asarray(v, dtype=np.float64), "torch.float32").ok
+            for rank, named in enumerate(values) for name, v in named.items()}
+
+
+def forward(sim: Sim) -> list:
+    return sim.all_reduce([own(r).astype(F32) for r in range(sim.ws)])
+
+
+def test_a_replicated_value_is_proven_kept_or_all_reduced_into_its_mean():
+    for all_reduced in (False, True):
+        sim = Sim(3, perturb=("all_reduce",))
+        ys = forward(sim)
+        if all_reduced:   # each rank's share (y - 1) / N summed: the mean, with the switch's deltas in it
+            dys = sim.all_reduce([((ys[r] - 1) / 3).astype(F32) for r in range(3)])
+        else:
+            dys = [(ys[r] - 1).astype(F32) for r in range(3)]
+        dxs = sim.all_reduce([(dys[r] * (r + 2)).astype(F32) for r in range(3)])
+        found = proofs(sim, [{"y": ys[r], "dy": dys[r], "dx": dxs[r]} for r in range(3)])
+        assert all(found.values()), (all_reduced, found)
+
+
+def test_a_value_made_from_local_numbers_beside_the_replicated_all_reduce_is_not_proven():
+    sim = Sim(2, perturb=("all_reduce",))
+    ys = forward(sim)
+    sim.all_reduce([((ys[r] - 1) / 2).astype(F32) for r in range(2)])   # delivered, then ignored
+    local = [(np.sum([own(q) for q in range(2)], axis=0) - 1).astype(F32) for _ in range(2)]
+    dxs = sim.all_reduce([(local[r] * (r + 2)).astype(F32) for r in range(2)])
+    found = proofs(sim, [{"y": ys[r], "dx": dxs[r]} for r in range(2)])
+    assert all(found[(r, "y")] for r in range(2))
+    assert not any(found[(r, "dx")] for r in range(2))
+
+
+def test_a_value_made_before_an_operation_the_rank_never_made_still_stands():
+    sim = Sim(2, perturb=("all_reduce",))
+    ys = forward(sim)                                  # the backward all-reduce never happens
+    dx_local = [(ys[r] - 1) * (r + 2) for r in range(2)]
+    found = proofs(sim, [{"y": ys[r], "dy": ys[r] - 1, "dx": dx_local[r]} for r in range(2)])
+    assert all(found[(r, "y")] and found[(r, "dy")] for r in range(2)), found
+    assert not any(found[(r, "dx")] for r in range(2)), found
+
+
+def test_a_value_not_from_the_communication_is_not_proven_where_an_operation_is_missing():
+    sim = Sim(2, perturb=("all_reduce",))
+    forward(sim)
+    local = np.sum([own(q) for q in range(2)], axis=0)   # the right numbers, computed locally: no deltas
+    found = proofs(sim, [{"y": local} for _ in range(2)])
+    assert not any(found.values())
+
+
+def test_an_operation_made_with_another_collective_is_missing_not_a_wrong_contribution_of_the_next():
+    """The partials all-gathered and summed locally, then the backward all-reduce: that all-reduce is the step's
+    second operation, never read as a wrong send of its first."""
+    sim = Sim(2, perturb=("all_reduce", "all_gather"))
+    gathered = sim.all_gather([own(r).astype(F32) for r in range(2)])
+    ys = [g.reshape(2, -1).sum(axis=0) for g in gathered]
+    dxs = sim.all_reduce([((ys[r] - 1) * (r + 2)).astype(F32) for r in range(2)])
+    replays = Replays(RunView(sim.run()), mlp_step)
+    for rank in range(2):
+        for name, value in (("y", ys[rank]), ("dx", dxs[rank])):
+            proof = replays.prove(rank, name, np.asarray(value, dtype=np.float64), "torch.float32")
+            assert not proof.ok and proof.finding.key == "replay_missing", (rank, name, proof.finding)
+            assert proof.finding.params["n"] == 1

@@ -192,6 +192,8 @@ def test_torch_modules_to_preload():
     modules = inspect(src).torch_modules
     assert "torch.distributed._functional_collectives" in modules and "torch._dynamo" in modules
     assert "torch.distributed.nn" in modules
+    src = "from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module\n"
+    assert "torch._dynamo" in inspect(src).torch_modules   # DTensor's first parallelized forward imports it
 
 
 @pytest.mark.parametrize("src, problem", [

@@ -23,6 +23,10 @@ Operations (x a 1-D numpy array; `group` global ranks, default every rank; `op` 
     all_gather(x, group)           every member's x, concatenated in group order
     broadcast(x, src, group)       src's x (src a global rank; x is ignored elsewhere)
     send(x, dst) / recv(src)       point to point
+    replicated(x, group)           x itself, the same on every member: no operation in the step, but a rank may
+                                   all-reduce it into its mean (autograd's backward of
+                                   torch.distributed.nn.functional.all_reduce does, on a loss divided by N), and
+                                   the replay then reads it from what that all-reduce delivered
 `scales` on the sending operations says what multiple of x a rank may send: by default x itself or x / N
 (a mean made as a sum of pre-divided parts); "any" for any non-zero multiple (a loss scale).
 Nothing here reads a run: this module is the exercise's side; the replay is the engine's.
@@ -81,6 +85,9 @@ class Comm:
         if src not in group:
             raise StepError(f"broadcast from rank {src}, not in the group {list(group)}")
         return self._exchange(Op("broadcast", group, _flat(x) if self.rank == src else None, root=src, scales=("1",)))
+
+    def replicated(self, x, group=None) -> np.ndarray:
+        return self._exchange(Op("replicated", self._group(group), _flat(x), "mean"))
 
     def send(self, x, dst: int) -> None:
         self._exchange(Op("send", (self.rank, dst), _flat(x), root=dst, scales=("1",)))
@@ -180,6 +187,8 @@ class _IdealComm(Comm):
         self.network, self.sent = network, []
 
     def _exchange(self, op: Op):
+        if op.kind == "replicated":
+            return op.x.copy()
         if op.x is not None:
             self.sent.append((op.kind, op.x))
         return self.network.exchange(self.rank, op)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..comm import COLLECTIVES
 from ..exercise.reference import Comm, Op, StepError, TIMEOUT_S, run_ranks
 from .observe import RunView
 from .proof import Finding, Proof, tolerance
@@ -147,7 +148,8 @@ class _Hub:
         self.out = [RankReplay() for _ in range(view.ws)]
 
     def key(self, rank: int, op: Op) -> tuple:
-        channel = ("p2p", op.group) if op.kind in ("send", "recv") else ("collective", op.group)
+        channel = ("p2p", op.group) if op.kind in ("send", "recv") else (
+            "replicated" if op.kind == "replicated" else "collective", op.group)
         n = self.counts.get((rank, channel), 0)
         self.counts[(rank, channel)] = n + 1
         return channel + (n,)
@@ -179,19 +181,34 @@ class _ReplayComm(Comm):
         hub, rank = self.hub, self.rank
         self.n += 1
         key = hub.key(rank, op)
+        if op.kind == "replicated":
+            return self._replicated(key, op)
         match = self._match(op) if op.x is not None else None
         hub.post(key, rank, match)
         out = hub.out[rank]
         if match is not None:
             out.calls += [c for c in match.calls if c not in out.calls]
-            if match.bad is not None and match.bad.size:
-                out.findings.append(self._contribution(op, match))
+            if match.bad is not None and match.bad.size and np.isfinite(op.x).any():   # (an x made of unknowns
+                out.findings.append(self._contribution(op, match))                    # has nothing to compare)
         if op.kind == "send":
             return None
         matches = hub.wait(key, (op.root,) if op.kind == "recv" else op.group)
         result = self._result(op, matches, match)
         self.received = True
         return result
+
+    def _replicated(self, key, op: Op) -> np.ndarray:
+        """x, or where every member all-reduced its share of x (x / N summed, or x averaged), what that
+        all-reduce delivered: a rank's later values are made from it, with its deltas."""
+        hub, rank = self.hub, self.rank
+        reduce = Op("all_reduce", op.group, op.x, "mean", scales=op.scales)
+        match = None if np.isnan(op.x).any() else self._strict(reduce, hub.view.calls[rank])
+        hub.post(key, rank, match)
+        matches = hub.wait(key, op.group)
+        if match is None or any(matches.get(q) is None for q in op.group):
+            return op.x.copy()
+        hub.out[rank].calls += [c for c in match.calls if c not in hub.out[rank].calls]
+        return self._result(reduce, matches, match)
 
     # -- the sending side
     def _compatible(self, op: Op, call, sending: bool) -> bool:
@@ -218,7 +235,9 @@ class _ReplayComm(Comm):
             if self._compatible(op, call, sending=True):
                 found.append(call)
                 size += call.sent_numel
-        if not found:
+            elif not found and self._instead(op, call):
+                break
+        if not found:   # the rank never made this operation (the next call of its kind is a later one's)
             return _Match([], x, bad=np.arange(x.size))
         hub.cursor[rank] = i
         sent = _flat(v for c in found for v in c.sent_values())
@@ -274,6 +293,13 @@ class _ReplayComm(Comm):
             return None
         hub.cursor[rank] = i
         return _Match(found, x, maps, float(scale), np.zeros(0, dtype=np.int64))
+
+    def _instead(self, op: Op, call) -> bool:
+        """A completed collective of another kind that sent as many elements as the step's x: the rank made
+        this operation another way (an all-gather summed locally for an all-reduce), so the next call of the
+        step's kind belongs to a later operation and is not read as a wrong contribution to this one."""
+        return (op.kind not in ("send", "recv") and call.op in COLLECTIVES and call.op not in RECEIVERS[op.kind]
+                and call.completed and call.ok and call.sends and call.sent_numel == op.x.size)
 
     def _contribution(self, op: Op, match: _Match) -> Finding:
         call = match.calls[0] if match.calls else None
@@ -420,7 +446,11 @@ class Replays:
             mine = replayed[rank]
             if first is None:
                 first = (mine, replayed)
-            if _mine(mine, rank) and any(f.key == "replay_missing" for f in _mine(mine, rank)):
+            # an operation of the step the rank never made leaves unknown (NaN) what depends on it; a value the
+            # step made before it, or apart from it, still stands (the output of a forward pass whose backward
+            # all-reduce is missing)
+            made = (mine.values or {}).get(name)
+            if any(f.key == "replay_missing" for f in _mine(mine, rank)) and (made is None or np.isnan(made).any()):
                 continue
             other = self._get("own" if part == "delivered" else "delivered", stand_in, False)[rank]
             candidates = [r.values[name] for r in (mine, other) if r.values and name in r.values]
