@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PY = sys.executable
 CLI_TIMEOUT = 120
+BATCH_TIMEOUT = 900   # one batch of a folder of fixtures on a loaded machine: a verdict, not a speed
 
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 import forkserver  # noqa: E402  (tests/tools: the standard library only)
@@ -140,28 +141,28 @@ def _run_warm(args: list[str], env: dict, timeout: float) -> subprocess.Complete
     return subprocess.CompletedProcess(cmd, 1 if code is None else code, out, err)
 
 
-def graded_folder(tmp_path_factory, folder: str, exercise: str, lang: str = "en", *extra: str,
-                  only: tuple = ()) -> Path:
-    """The --out folder of ONE `batch` call over tests/fixtures/<folder> (or over the files of it named in
-    `only`), shared by every test file and every xdist worker of the session that asks the same: test files
-    that judge the same gradings from different sides (scores, causes, wording) grade them once."""
+def graded_files(tmp_path_factory, files, exercise: str, lang: str = "en", *extra: str) -> Path:
+    """The --out folder of ONE `batch` call over `files` (copied into a class folder of their own), shared by
+    every test and every xdist worker of the session that asks the same (a file lock, a session-wide folder):
+    tests that judge the same gradings from different sides grade them once, whichever runs first."""
+    files = [Path(f) for f in files]
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent   # the workers' common folder
-    key = hashlib.sha256(json.dumps([folder, exercise, lang, extra, only]).encode()).hexdigest()[:16]
-    out = base / "graded" / f"{folder.replace('/', '-')}-{lang}-{key}"
+    key = hashlib.sha256(json.dumps([[str(f) for f in files], exercise, lang, extra]).encode()).hexdigest()[:16]
+    label = "-".join(dict.fromkeys(f.parent.name for f in files)) if files else "none"
+    out = base / "graded" / f"{exercise}-{label}-{lang}-{key}"
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
         if (out / ".done").exists():
             return out
-        source = FIXTURES / folder
-        if only:   # a class of a few of them
-            source = out.parent / f"{out.name}-class"
-            source.mkdir(exist_ok=True)
-            for name in only:
-                (source / f"{name}.py").write_bytes((FIXTURES / folder / f"{name}.py").read_bytes())
+        source = out.parent / f"{out.name}-class"
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir()
+        for path in files:
+            shutil.copy(path, source / path.name)
         proc = run_cli("batch", str(source), "--out", str(out), "--exercise", exercise, "--lang", lang,
-                       "--jobs", "2", *extra, timeout=500)
+                       "--jobs", "2", *extra, timeout=BATCH_TIMEOUT)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "Traceback" not in proc.stdout + proc.stderr
         (out / ".done").write_text("")
@@ -199,20 +200,54 @@ def grade(tmp_path):
 # The files that take longest go to the workers first, longest first (measured: `--durations=0`, summed per
 # file), so that the workers finish together instead of one running the last big file alone.
 # --dist loadfile hands out files in collection order once xdist's own reordering (by number of tests) is
-# off (--no-loadscope-reorder, pyproject.toml). test_causes.py goes last: it reads the batches that the
-# exercises' own files grade (conftest.graded_folder), which by then exist.
-SLOWEST_FIRST = ["test_grade_fixtures.py", "test_nbgrader_e2e.py", "test_sandbox.py", "test_attacks.py",
-                 "test_grad_accum_no_sync.py", "test_zero_sharded_step.py", "test_fp16_allreduce.py",
-                 "test_ring_allreduce.py", "test_cli.py", "test_batch.py", "test_hierarchical_allreduce.py",
-                 "test_discovery.py", "test_runner.py", "test_notebook.py", "test_classreport.py", "test_authoring.py",
-                 "test_switch.py", "test_redteam.py"]
-LAST = ["test_causes.py"]
+# off (--no-loadscope-reorder, pyproject.toml); tests/test_fixtures.py is handed out per exercise and kind of
+# fixture (pytest_xdist_make_scheduler below), the largest folders first.
+SLOWEST_FIRST = ["test_fixtures.py", "test_nbgrader_e2e.py", "test_sandbox.py", "test_dist_primitives.py", "test_cli.py",
+                 "test_grad_accum_no_sync.py", "test_ring_allreduce.py", "test_zero_sharded_step.py", "test_fp16_allreduce.py",
+                 "test_batch.py", "test_hierarchical_allreduce.py", "test_attacks.py", "test_discovery.py", "test_runner.py",
+                 "test_notebook.py", "test_classreport.py", "test_authoring.py", "test_switch.py", "test_redteam.py"]
+# A module whose tests are handed out per value of their first parameter's id, up to its second "/": one
+# scope per exercise and kind of fixture (tests of a whole exercise, or of none, are scopes of their own)
+PER_PARAMETER = ("test_fixtures.py",)
 
 
 def pytest_collection_modifyitems(items):
     def rank(item):
         name = item.path.name
-        if name in LAST:
-            return len(SLOWEST_FIRST) + 1
-        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+        order = SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
+        if name in PER_PARAMETER:   # the graded fixtures first, the largest folders first
+            scope = _scope(item.nodeid)
+            return order, -_SIZES.get(scope, 0) if "/" in scope else 1
+        return order, 0
+    for item in items:
+        scope = _scope(item.nodeid)
+        if "/" in scope:
+            _SIZES[scope] = _SIZES.get(scope, 0) + 1
     items.sort(key=rank)   # stable: each file keeps its own order
+
+
+_SIZES: dict = {}
+
+
+def _scope(nodeid: str) -> str:
+    """The unit of work xdist hands one worker: the file; for PER_PARAMETER, the file and the first two parts
+    of its test's parameter id (`tests/test_fixtures.py[dist_primitives/honest]`)."""
+    path, _, rest = nodeid.partition("::")
+    if path.rsplit("/", 1)[-1] in PER_PARAMETER and "[" in rest:
+        param = rest.split("[", 1)[1].rstrip("]")
+        return f"{path}[{'/'.join(param.split('/')[:2])}]"
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with PER_PARAMETER's scopes: one exercise's fixture folders are graded on different
+    workers at once, where a file would hand them all to one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+    return Scheduling(config, log)

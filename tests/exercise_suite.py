@@ -1,21 +1,20 @@
 """What every exercise's test file does through the real entry points (tests/test_grad_accum_no_sync.py,
-tests/test_fp16_allreduce.py, tests/test_hierarchical_allreduce.py): one `batch` call per fixture folder,
-the feedback as a student reads it, the solution and the stub through `grade`, `batch` and the notebook
-check (nbgrader: tests/test_nbgrader_e2e.py, one course for every exercise). Not collected by pytest (no
-test_ prefix); the assertions live in the callers.
+tests/test_fp16_allreduce.py, tests/test_hierarchical_allreduce.py): the solution and the stub through `grade`,
+`batch` and the notebook check (nbgrader: tests/test_nbgrader_e2e.py, one course for every exercise); the
+notebook against the solution, the messages. Not collected by pytest (no test_ prefix); the assertions live
+in the callers. (Every exercise's fixtures: tests/test_fixtures.py.)
 """
 from __future__ import annotations
 
 import ast
 import csv
-import json
 import re
 import shutil
 from pathlib import Path
 
 import nbformat
 
-from conftest import FIXTURES, ROOT, grade_cli, graded_folder, run_cli
+from conftest import ROOT, grade_cli, run_cli
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -23,51 +22,6 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 def paths(ex: str) -> dict[str, Path]:
     return {"solution_py": ROOT / "solutions" / ex / f"{ex}.py", "solution_nb": ROOT / "solutions" / ex / f"{ex}.ipynb",
             "release_py": ROOT / "assignments" / ex / f"{ex}.py", "release_nb": ROOT / "assignments" / ex / f"{ex}.ipynb"}
-
-
-def batch(ex: str, folder: str, tmp_path_factory, lang: str = "zh") -> dict:
-    """{student: results.json} of ONE `batch` call over tests/fixtures/<ex>/<folder> (conftest.graded_folder:
-    shared with tests/test_causes.py)."""
-    out = graded_folder(tmp_path_factory, f"{ex}/{folder}", ex, lang)
-    with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
-        rows = {row["student"]: row for row in csv.DictReader(fh)}
-    names = sorted(p.stem for p in (FIXTURES / ex / folder).glob("*.py"))
-    assert sorted(rows) == names, (sorted(rows), names)
-    return {name: json.loads((out / f"{name}.json").read_text(encoding="utf-8")) for name in names}
-
-
-def outcomes(results: dict) -> dict:
-    return results["extra_data"]["outcomes"]
-
-
-def failing(results: dict) -> dict:
-    return {k: v for k, v in outcomes(results).items() if v != "pass"}
-
-
-def named(results: dict, check_id: str) -> set[str]:
-    """The catalog keys of the causes a check names (the exercise's under `<exercise>.`)."""
-    return {c["key"] for c in results["extra_data"]["causes"].get(check_id, [])}
-
-
-def output_of(results: dict, check_id: str) -> str:
-    """The feedback of one check as the student reads it (results.json keeps the tests in rubric order)."""
-    return results["tests"][list(outcomes(results)).index(check_id)]["output"]
-
-
-def scores(results: dict) -> dict:
-    return dict(zip(outcomes(results), (t["score"] for t in results["tests"])))
-
-
-def hidden_leaks(results: dict, allowed: str = "") -> list[str]:
-    """Hidden tests that show a digit (a value, a size, a line, a rank), once `allowed` is taken out."""
-    leaks = []
-    for test in results["tests"]:
-        if test["visibility"] != "after_published":
-            continue
-        text = re.sub(r"隐藏测试 \d|Hidden check \d" + (f"|{allowed}" if allowed else ""), "", test["name"] + test["output"])
-        if re.search(r"\d", text) or "进程 0" in text or "行）" in text:
-            leaks.append(test["name"] + ": " + test["output"])
-    return leaks
 
 
 def solution_and_stub(ex: str, tmp_path: Path) -> dict:

@@ -216,7 +216,7 @@ def test_gradescope_zip_asks_for_the_exercise(tmp_path):
 def test_an_entry_made_by_a_factory_or_wrapper_names_its_exercise():
     """`run_worker = make_worker()` defines run_worker as surely as `def run_worker`: the exercise is inferred
     from it (a file named answer.py names none)."""
-    made = (FIXTURES / "honest" / "h72_closure_factory_entry.py").read_text(encoding="utf-8")
+    made = (FIXTURES / "dist_primitives" / "honest" / "h72_closure_factory_entry.py").read_text(encoding="utf-8")
     assert registry.infer(Path("answer.py"), made).name == "dist_primitives"
     wrapped = "import functools\n\ndef _impl(rank, world_size):\n    return None\n\nrun_worker = functools.wraps(_impl)(_impl)\n"
     assert registry.infer(Path("answer.py"), wrapped).name == "dist_primitives"

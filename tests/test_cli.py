@@ -103,7 +103,7 @@ def test_values_that_overflow_are_wrong_answers_with_nothing_on_stderr(tmp_path)
 def test_a_failing_rank_is_placed_in_its_collectives(lang):
     """Each failure verdict names the rank and the last collective it entered (or that it entered none)."""
     from grader.feedback.messages import render
-    raised = run_cli("check", str(FIXTURES / "mistakes" / "m14_exception_rank1.py"), "--lang", lang)
+    raised = run_cli("check", str(FIXTURES / "dist_primitives" / "mistakes" / "m14_exception_rank1.py"), "--lang", lang)
     assert render("detail.last_collective", {"rank": 1, "op": "all_reduce", "n": 1, "line": 13}, lang) in raised.stdout
     exited = run_cli("check", str(FIXTURES / "sandbox" / "os_exit.py"), "--lang", lang)
     assert render("detail.no_collective", {"rank": 0}, lang) in exited.stdout
@@ -252,12 +252,12 @@ def test_the_students_own_checks_are_recorded_in_a_perturbed_run_and_its_values_
         run_cli("grade", str(path), "--results", str(results), "--lang", "en")
         return json.loads(results.read_text())
 
-    seed = grade(FIXTURES / "honest" / "h06_seed_reference.py")
+    seed = grade(FIXTURES / "dist_primitives" / "honest" / "h06_seed_reference.py")
     assert seed["score"] == 100, outcomes(seed)
     assert sorted(run_labels(seed)) == [(2, "perturbed"), (2, "real"), (3, "perturbed"), (4, "perturbed")]
-    bug = grade(FIXTURES / "mistakes" / "m36_bug_after_own_assert.py")
+    bug = grade(FIXTURES / "dist_primitives" / "mistakes" / "m36_bug_after_own_assert.py")
     assert bug["score"] == 10 and {ws for ws, label in run_labels(bug) if label == "clean"} == {2, 3, 4}
-    slot = grade(FIXTURES / "honest" / "h61_asserts_its_own_slot.py")
+    slot = grade(FIXTURES / "dist_primitives" / "honest" / "h61_asserts_its_own_slot.py")
     assert slot["score"] == 100, outcomes(slot)
     assert {label for _, label in run_labels(slot)} == {"perturbed", "clean", "real"}
 

@@ -1,16 +1,14 @@
-"""The fourth exercise, grad_accum_no_sync (solutions/grad_accum_no_sync/), through its entry points.
-
-Each fixture folder under tests/fixtures/grad_accum_no_sync/ is graded by ONE `batch` call (a module
-fixture per folder): the honest styles (DDP with no_sync, by hand, functional collectives, a comm hook ...)
-score 100; each mistake gets its exact score, outcomes and named causes (the exercise's, in Chinese, and
-for a sample in English through `grade --lang en`); each cheat scores 0 on what it fakes. Then `list`,
+"""The fourth exercise, grad_accum_no_sync (solutions/grad_accum_no_sync/), through its entry points: `list`,
 `check`, the solution and the stub through `grade`, `batch` and the notebook check (nbgrader:
-tests/test_nbgrader_e2e.py, one course for every exercise).
+tests/test_nbgrader_e2e.py, one course for every exercise); and the declaration's own pieces, without processes.
+
+Its fixtures (tests/fixtures/grad_accum_no_sync/: the honest styles (DDP with no_sync, by hand, functional
+collectives, a comm hook ...) score 100; each mistake gets its exact score, outcomes and named causes; each
+cheat scores 0 on what it fakes, as each sidecar says) are graded by tests/test_fixtures.py.
 """
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import shutil
 
@@ -19,109 +17,32 @@ from types import SimpleNamespace
 import pytest
 
 import exercise_suite as suite
+import expectations
 from conftest import FIXTURES, ROOT, run_cli
 from grader.exercise import registry
-from grader.feedback.messages import render
 from grader.integrations import release
 
 EX = "grad_accum_no_sync"
 FIX = FIXTURES / EX
-WS, HIDDEN_WS = (2, 3, 4), (3, 4)
+WS = (2, 3, 4)
 EXERCISE = registry.get(EX)   # loading it adds its messages to the catalog under its name
 _spec = importlib.util.spec_from_file_location("grad_accum_exercise", ROOT / "solutions" / EX / "exercise.py")
 DECL = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(DECL)
-
-
-def every(kind: str, outcome: str, sizes=WS) -> dict:
-    return {f"ws{ws}.{kind}": outcome for ws in sizes}
+# the fixed words with digits its hidden checks may show (its fixtures' defaults.toml, tests/expectations.py)
+ALLOWED = "|".join(expectations.defaults(EXERCISE)["hidden_may_show"])
 
 
 def own(key: str) -> str:
     return f"{EX}.{key}"
 
 
-COUNTS = {"one_all_reduce": ["cause.counts_more"]}
-NEEDS_VALUE = ["cause.kind_needs_value"]
-# (score, the checks that do not pass with their outcome, the causes each failing check of a kind names
-# (at every world size; where N = K = 4 makes two causes alike, the extra one at ws 4))
-MISTAKES = {
-    # the right gradient through K all-reduces: the value points; the count names K all-reduces for 1
-    "m01_all_reduce_every_micro_batch": (70, every("one_all_reduce", "wrong"), COUNTS, {}),
-    "m02_ddp_without_no_sync": (70, every("one_all_reduce", "wrong"), COUNTS, {}),
-    "m03_not_divided_by_k": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                             {"grad": [own("cause.not_divided_by_k")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m04_not_divided_by_world_size": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                      {"grad": [own("cause.not_divided_by_ws")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m05_ddp_divided_by_world_size_again": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                            {"grad": [own("cause.divided_by_ws_twice")], "one_all_reduce": NEEDS_VALUE},
-                                            {"ws4.grad": own("cause.divided_by_k_twice")}),
-    # ReduceOp.AVG divided already: its words, not DDP's
-    "m12_average_then_divided": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                 {"grad": [own("cause.averaged_then_divided")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m13_sum_divided_twice": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                              {"grad": [own("cause.summed_divided_twice")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m06_zero_grad_every_micro_batch": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                        {"grad": [own("cause.last_micro_batch_only")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m07_no_sync_for_every_micro_batch": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                          {"grad": [own("cause.never_synced")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m08_no_sync_for_the_last_micro_batches": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                               {"grad": [own("cause.synced_too_early")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m09_divided_by_k_twice": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                               {"grad": [own("cause.divided_by_k_twice")], "one_all_reduce": NEEDS_VALUE}, {}),
-    "m10_not_averaged_at_all": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                {"grad": [own("cause.not_averaged")], "one_all_reduce": NEEDS_VALUE}, {}),
-    # the gradient synced once but cut into two buckets: proven through both (the value points), two all-reduces
-    "m11_two_buckets": (70, every("one_all_reduce", "wrong"), COUNTS, {}),
-    # the parameter all-reduced for its gradient: what the rank sent is named (exercise/linear.fit), and the
-    # gradient left is its own
-    "m15_weight_all_reduced_not_its_grad": (10, {**every("grad", "wrong"), **every("one_all_reduce", "wrong")},
-                                            {"grad": [own("cause.sent_not_own"), own("cause.never_synced")],
-                                             "one_all_reduce": NEEDS_VALUE}, {}),
-    # raised before its division: the exception, and no cause read from the half-made sum in its locals
-    "m14_raises_before_the_division": (10, {**every("grad", "exception"), **every("one_all_reduce", "wrong")},
-                                       {"grad": ["fail.exception"], "one_all_reduce": NEEDS_VALUE}, {}),
-}
-# at N = K = 4, a rank that sent its mean / K (m09) or its gradient / N (m13) sent the same numbers: which
-# division was one too many is not certain, and the cause says either
-INSTEAD = {(name, "ws4.grad"): [own("cause.divided_once_too_often")]
-           for name in ("m09_divided_by_k_twice", "m13_sum_divided_twice")}
-CHEATS = ("c01_local_answer_dummy_all_reduce", "c02_launder_through_all_reduce", "c03_rank0_contributes_for_all",
-          "c04_honest_all_reduce_local_answer")
-# the red team's: the local answer (plus a correction in the rank's micro-gradient span) sent at 1e-6 of its
-# size, once "fitted" under float32's absolute floor of 1e-5. Unproven, the clean run decides, where this code
-# (not on gloo) computes the grader's formula from an unperturbed delivery: not the answer
-TINY_LAUNDERS = ("c05_tiny_launder_under_an_absolute_floor", "c06_tiny_launder_one_percent_own_data")
 HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
 
 
-@pytest.fixture(scope="module")
-def honest(tmp_path_factory):
-    return suite.batch(EX, "honest", tmp_path_factory)
+# -- the fixtures (graded by tests/test_fixtures.py, each against its sidecar) -----------------------------
 
-
-@pytest.fixture(scope="module")
-def mistakes(tmp_path_factory):
-    return suite.batch(EX, "mistakes", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cheats(tmp_path_factory):
-    return suite.batch(EX, "cheats", tmp_path_factory)
-
-
-def test_enough_fixtures_of_each_kind():
-    assert len(HONEST) >= 5 and len(MISTAKES) >= 6 and len(CHEATS) >= 3
-    assert sorted(p.stem for p in (FIX / "mistakes").glob("*.py")) == sorted(MISTAKES)
-    assert sorted(p.stem for p in (FIX / "cheats").glob("*.py")) == sorted(CHEATS + TINY_LAUNDERS)
-
-
-# -- the fixtures, one batch per folder --------------------------------------------------------------
-
-@pytest.mark.timeout(500)
-def test_honest_styles_score_100(honest):
-    for name, results in honest.items():
-        assert results["score"] == 100 and suite.failing(results) == {}, (name, suite.failing(results))
+def test_the_honest_styles_cover_the_librarys_ways_and_other_scales():
     texts = {name: (FIX / "honest" / f"{name}.py").read_text(encoding="utf-8") for name in HONEST}
     # the library's ways are among them: DDP's no_sync, its comm hooks, functional collectives, AVG
     assert any("ddp.no_sync()" in t and "DDP(model)" in t for t in texts.values())
@@ -133,43 +54,6 @@ def test_honest_styles_score_100(honest):
     assert "grad / (world_size * K)" in texts["h04_sum_divide_by_nk"]
     # DDP's own int32 all-reduce (find_unused_parameters=True) is no second sync of the gradient
     assert "find_unused_parameters=True" in texts["h09_ddp_require_backward_grad_sync_find_unused"]
-
-
-@pytest.mark.timeout(500)
-@pytest.mark.parametrize("name", list(MISTAKES))
-def test_mistake_scores_and_names_its_cause(mistakes, name):
-    score, failing, causes, extra = MISTAKES[name]
-    results = mistakes[name]
-    assert results["score"] == score and suite.failing(results) == failing, suite.failing(results)
-    for check_id in failing:
-        kind = check_id.split(".", 1)[1]
-        wanted = set(INSTEAD.get((name, check_id)) or causes[kind]) | ({extra[check_id]} if check_id in extra else set())
-        assert wanted <= suite.named(results, check_id), (check_id, suite.named(results, check_id))
-        exercise_keys = {k for k in suite.named(results, check_id) if k.startswith(EX + ".")}
-        assert exercise_keys == {k for k in wanted if k.startswith(EX + ".")}, (check_id, exercise_keys)
-        text = suite.output_of(results, check_id)
-        for key in wanted:
-            if key.startswith(EX + "."):
-                assert render(key, {}, "zh") in text, (check_id, text)
-        assert "Traceback" not in text
-        # DDP's own start-up broadcast is not "another operation in the all_reduce's place"
-        assert not {"cause.other_op", "cause.op_missing"} & suite.named(results, check_id), (check_id, suite.named(results, check_id))
-
-
-@pytest.mark.timeout(500)
-def test_the_count_names_what_was_counted(mistakes):
-    """Visible: the rank, the count and the one wanted; hidden: the same cause without its figures."""
-    results = mistakes["m01_all_reduce_every_micro_batch"]
-    visible = suite.output_of(results, "ws2.one_all_reduce")
-    assert render("cause.counts_more", {"rank": 0, "op": "all_reduce", "count": 4, "expected": 1}, "zh") in visible
-    assert "  进程 1：all_reduce 完成了 4 次" in visible
-    for ws in HIDDEN_WS:
-        hidden = suite.output_of(results, f"ws{ws}.one_all_reduce")
-        assert render("cause.counts_more_generic", {"op": "all_reduce"}, "zh") in hidden and "4" not in hidden
-        # the answer was right: the hint speaks of the count, not of a wrong result
-        assert render("hint.wrong_counts", {}, "zh") in hidden and render("hint.wrong", {}, "zh") not in hidden
-    needs_value = suite.output_of(mistakes["m03_not_divided_by_k"], "ws3.one_all_reduce")
-    assert render("hint.wrong", {}, "zh") in needs_value and render("hint.wrong_counts", {}, "zh") not in needs_value
 
 
 def test_the_account_compares_with_one_sync_per_micro_batch():
@@ -187,63 +71,6 @@ def test_the_account_compares_with_one_sync_per_micro_batch():
         header, line = exercise_notes(EXERCISE, RunOutcome(RunRequest(world_size=2, source="", filename="s.py"), [record]))
         assert line.params == {"ws": 2, "rank": 0, "count": len(cut), "bytes": 4 * sum(cut), "k": DECL.K,
                                "every": DECL.K * 4 * DECL.NUMEL}, (cut, line)
-
-
-@pytest.mark.timeout(200)
-def test_mistakes_in_english(tmp_path):
-    """The same causes in English: two mistakes through one `batch --lang en`."""
-    folder = tmp_path / "class"
-    folder.mkdir()
-    for name in ("m02_ddp_without_no_sync", "m03_not_divided_by_k"):
-        shutil.copy(FIX / "mistakes" / f"{name}.py", folder)
-    proc = run_cli("batch", str(folder), "--out", str(tmp_path / "out"), "--exercise", EX, "--lang", "en", timeout=190)
-    assert proc.returncode == 0, proc.stderr
-    results = {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in (tmp_path / "out").glob("m0*.json")}
-    assert results["m03_not_divided_by_k"]["score"] == 10
-    assert render(own("cause.not_divided_by_k"), {}, "en") in suite.output_of(results["m03_not_divided_by_k"], "ws3.grad")
-    assert render(own("cause.not_divided_by_k"), {}, "en").startswith("Cause: the gradient is the sum of the K micro-batch")
-    counted = suite.output_of(results["m02_ddp_without_no_sync"], "ws2.one_all_reduce")
-    assert "Cause: rank 0 completed all_reduce 4 times; wanted: 1." in counted
-    assert "Cause: a rank ran all_reduce more times than wanted" in suite.output_of(results["m02_ddp_without_no_sync"],
-                                                                                   "ws4.one_all_reduce")
-
-
-@pytest.mark.timeout(500)
-@pytest.mark.parametrize("name", CHEATS)
-def test_cheat_scores_0_on_what_it_fakes(cheats, name):
-    """A gradient not derived from the all-reduce: no value points, and no count points beside it."""
-    results = cheats[name]
-    assert suite.failing(results) == {**every("grad", "not_collective"), **every("one_all_reduce", "wrong")}
-    assert results["score"] == 10
-    assert all(suite.scores(results)[f"ws{ws}.{kind}"] == 0 for ws in WS for kind in ("grad", "one_all_reduce"))
-    # a local answer stays the same when the data in flight changes; a laundered one, or one rank's data
-    # for all, follows that data, though not as the exercise asks: each is told what it did
-    key = "fail.not_collective_derived" if name in ("c02_launder_through_all_reduce", "c03_rank0_contributes_for_all") \
-        else "fail.not_collective"
-    assert render(key, {"rank": 0, "quantity": "grad", "ops": ["all_reduce"]}, "zh") in suite.output_of(results, "ws2.grad")
-
-
-@pytest.mark.timeout(500)
-@pytest.mark.parametrize("name", TINY_LAUNDERS)
-def test_a_tiny_launder_scores_0_and_its_send_is_named(cheats, name):
-    """What a rank sent is judged relative to its own size (exercise/linear.fit): 1e-6 x (mostly the local
-    answer) is not the rank's micro-gradients, so nothing is proven; the value the code makes is wrong, and
-    the cause says what was measured (what the rank sent), hidden checks too."""
-    results = cheats[name]
-    assert suite.failing(results) == {**every("grad", "wrong"), **every("one_all_reduce", "wrong")}
-    assert results["score"] == 10
-    for ws in WS:
-        assert own("cause.sent_not_own") in suite.named(results, f"ws{ws}.grad"), ws
-        assert render(own("cause.sent_not_own"), {}, "zh") in suite.output_of(results, f"ws{ws}.grad")
-    # the launder through the full-size answer (c02) is named the same way
-    assert own("cause.sent_not_own") in suite.named(cheats["c02_launder_through_all_reduce"], "ws2.grad")
-
-
-@pytest.mark.timeout(500)
-def test_hidden_checks_reveal_no_values(honest, mistakes, cheats):
-    for group in (honest, mistakes, cheats):
-        for name, results in group.items():
-            assert suite.hidden_leaks(results, r"K - 1") == [], name
 
 
 # -- entry points ----------------------------------------------------------------------------------
@@ -300,7 +127,7 @@ def test_notebook_cells_are_the_py_solution_and_the_rubric():
 
 
 def test_exercise_messages_are_bilingual_and_hidden_safe():
-    suite.messages_are_bilingual_and_hidden_safe(EX, r"K - 1")
+    suite.messages_are_bilingual_and_hidden_safe(EX, ALLOWED)
 
 
 # -- the declaration's own pieces, without processes --------------------------------------------------

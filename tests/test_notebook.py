@@ -263,7 +263,7 @@ def test_line_map_of_the_joined_cells():
     # cells counted as the student sees them, the markdown cell first among them: the third code cell is cell 4
     assert joined[9] == "    return gradient /" and sub.line_map.source[10] == (4, 4)
     assert sub.line_map.source[4] == (3, 1) and 3 not in sub.line_map.source    # the blank line between cells
-    assert load.load(FIXTURES / "honest" / "h01_aliased_imports.py").line_map is None
+    assert load.load(FIXTURES / "dist_primitives" / "honest" / "h01_aliased_imports.py").line_map is None
 
 
 @pytest.mark.timeout(120)

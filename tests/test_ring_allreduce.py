@@ -1,8 +1,9 @@
-"""The second exercise, ring all-reduce from send/recv, through every entry point.
+"""The second exercise, ring all-reduce from send/recv, through every entry point: `list`, `check`, the
+release, the notebook check, `gradescope-zip`, and `bench` (nbgrader: tests/test_nbgrader_e2e.py, one course
+for every exercise); and the traffic rules on synthetic figures.
 
-Fixtures under tests/fixtures/ring_allreduce/ are graded with ONE `batch` call per folder (honest, mistakes,
-cheats); the tests assert on the results.json files it writes. Also: `list`, `check`, the release, the
-notebook check, `gradescope-zip`, and `bench` (nbgrader: tests/test_nbgrader_e2e.py, one course for every exercise).
+Its fixtures (tests/fixtures/ring_allreduce/{honest,mistakes,cheats}/, each with what it is expected to get
+beside it) are graded by tests/test_fixtures.py.
 """
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ import nbformat
 import pytest
 
 import exercise_suite as suite
-
-from conftest import FIXTURES, ROOT, graded_folder, outcomes, results_of, run_cli
+from conftest import FIXTURES, ROOT, run_cli
 from grader.exercise import registry
 from grader.feedback.messages import render
 from grader.integrations.release import clear_solutions
@@ -25,32 +25,7 @@ EX = "ring_allreduce"
 FIX = FIXTURES / EX
 SOLUTION = ROOT / "solutions" / EX / f"{EX}.py"
 CHECK_IDS = ["static.p2p_only", "ws2.p2p_only"] + [f"ws{ws}.{k}" for ws in (2, 3, 4, 5) for k in ("values", "ring", "traffic")]
-CJK = re.compile(r"[\u4e00-\u9fff]")
 registry.get(EX)   # loads the exercise's own messages into the catalog
-
-
-def batch(folder: str, tmp_path_factory) -> dict:
-    """{student: results.json} of one `batch` call over a fixture folder (shared: conftest.graded_folder)."""
-    return results_of(graded_folder(tmp_path_factory, f"ring_allreduce/{folder}", EX, "en"))
-
-
-@pytest.fixture(scope="module")
-def honest(tmp_path_factory):
-    return batch("honest", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def mistakes(tmp_path_factory):
-    return batch("mistakes", tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def cheats(tmp_path_factory):
-    return batch("cheats", tmp_path_factory)
-
-
-def causes(results: dict, check_id: str) -> list[str]:
-    return [c["key"] for c in results["extra_data"]["causes"].get(check_id, [])]
 
 
 def test_listed():
@@ -60,170 +35,14 @@ def test_listed():
 
 
 # ------------------------------------------------------------------------------------------------
-# Honest styles: 100 each
+# The lessons the fixtures' causes teach, as the catalog words them (tests/test_fixtures.py grades the
+# fixtures that name them)
 
-@pytest.mark.timeout(420)
-def test_honest_styles_score_100(honest):
-    names = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
-    assert len(names) >= 8 and sorted(honest) == names
-    for name, results in honest.items():
-        assert results["score"] == 100, (name, {k: v for k, v in outcomes(results).items() if v != "pass"})
-        assert sorted(outcomes(results)) == sorted(CHECK_IDS)
-
-
-# ------------------------------------------------------------------------------------------------
-# Mistakes: exact scores, and each named (zh and en). (score, {check: causes it must name})
-
-MISTAKES = {
-    "m01_chunk_off_by_one": (20, {"ws2.values": ["ring_allreduce.cause.chunk_mixup"], "ws4.values": ["ring_allreduce.cause.chunk_mixup"],
-                                  "ws2.ring": ["cause.traffic_needs_value"]}),
-    "m02_no_all_gather": (20, {"ws2.values": ["ring_allreduce.cause.no_all_gather"], "ws5.values": ["ring_allreduce.cause.no_all_gather"]}),
-    "m03_only_divisible": (20, {"ws2.values": ["ring_allreduce.cause.uneven"], "ws3.values": ["ring_allreduce.cause.uneven"]}),
-    # every rank blocked in its first send: send/recv never completed, so the run-time "used" check fails too
-    "m04_deadlock_send_first": (10, {"ws2.values": ["fail.deadlock_inside", "cause.all_blocked_in_send"],
-                                     "ws5.values": ["cause.all_blocked_in_send"]}),
-    "m05_gather_to_root": (65, {"ws2.traffic": ["cause.traffic_sends"], "ws4.ring": ["cause.traffic_gather"],
-                                "ws4.traffic": ["cause.traffic_sends", "cause.traffic_whole"]}),
-    "m06_own_chunk_twice": (20, {"ws2.values": ["ring_allreduce.cause.own_twice", "why.weights"]}),
-    "m07_wrong_neighbour": (40, {"ws3.values": ["cause.p2p_unmatched"], "ws5.values": ["cause.p2p_unmatched"]}),
-    "m08_whole_tensor_each_step": (80, {"ws2.traffic": ["cause.traffic_whole"], "ws5.traffic": ["cause.traffic_whole"]}),
-    "m09_pass_whole_around": (80, {"ws2.traffic": ["cause.traffic_sends"], "ws3.traffic": ["cause.traffic_sends", "cause.traffic_whole"]}),
-    # the switch fails both calls of the message that does not fit (gloo would abort the receiver): the
-    # receive never completed, so the run-time "uses" check fails too
-    "m10_recv_buffer_size": (10, {"ws2.values": ["cause.p2p_too_long"]}),
-    # view(world_size, -1) raises on a length no world size divides: named, not only the RuntimeError
-    "m11_view_needs_a_divisible_length": (10, {"ws2.values": ["fail.exception", "ring_allreduce.cause.view_uneven"],
-                                               "ws5.values": ["ring_allreduce.cause.view_uneven"]}),
-    "m12_copy_instead_of_add": (20, {"ws2.values": ["ring_allreduce.cause.copy_not_add"], "ws4.values": ["ring_allreduce.cause.copy_not_add"]}),
-    "m13_ring_on_a_clone": (20, {"ws2.values": ["cause.unchanged_p2p"], "ws5.values": ["cause.unchanged_p2p"]}),
-    "m14_send_to_rank_plus_two": (10, {"ws2.values": ["ring_allreduce.cause.send_to_self"], "ws4.values": ["ring_allreduce.cause.not_neighbour"]}),
-    "m15_send_to_self": (10, {"ws2.values": ["ring_allreduce.cause.send_to_self"], "ws3.values": ["ring_allreduce.cause.send_to_self"]}),
-    "m16_recv_buffer_too_long": (10, {"ws2.values": ["cause.p2p_too_short"], "ws4.values": ["cause.p2p_too_short"]}),
-    "m17_recv_buffer_float64": (10, {"ws2.values": ["cause.p2p_dtype"], "ws3.values": ["cause.p2p_dtype"]}),
-    "m18_dist_all_reduce": (0, {"static.p2p_only": ["static.forbidden", "ring_allreduce.cause.forbidden"],
-                                "ws2.p2p_only": ["fail.forbidden_op", "ring_allreduce.cause.forbidden"]}),
-    # right sums, wrong traffic: the value points stay, the traffic's are named by the figures
-    "m19_all_gather_twice": (80, {"ws2.traffic": ["cause.traffic_sends", "cause.traffic_bytes"], "ws5.traffic": ["cause.traffic_bytes"]}),
-    # two elements more than the largest chunk of an even cut (S - (N-1) x floor(S/N)) at every world size
-    "m20_unbalanced_chunks": (80, {"ws2.traffic": ["cause.traffic_chunk"], "ws4.traffic": ["cause.traffic_chunk"],
-                                   "ws5.traffic": ["cause.traffic_chunk"]}),
-    "m21_send_float64": (80, {"ws2.traffic": ["cause.traffic_dtype"], "ws3.traffic": ["cause.traffic_dtype"]}),
-    "m22_two_rings_both_ways": (65, {"ws3.ring": ["cause.traffic_peers"], "ws5.ring": ["cause.traffic_peers"],
-                                     "ws3.traffic": ["cause.traffic_sends"]}),
-    "m23_ring_with_stride_two": (95, {"ws5.ring": ["cause.traffic_not_neighbour"]}),
-    # receives with tag 0, sends with the phase's and step's: a deadlock, the two tags named
-    "m24_tags_differ": (20, {"ws2.values": ["fail.deadlock_inside", "cause.p2p_tag"], "ws5.values": ["cause.p2p_tag"]}),
-    # every rank receives first: named as such, not as a peer that "never sends to it"
-    "m25_deadlock_recv_first": (10, {"ws2.values": ["fail.deadlock_inside", "cause.all_blocked_in_recv"],
-                                     "ws5.values": ["cause.all_blocked_in_recv"]}),
-}
-# causes each was once told, falsely
-NOT_SAID = {
-    "m12_copy_instead_of_add": ("ring_allreduce.cause.chunk_mixup",),
-    "m13_ring_on_a_clone": ("cause.unchanged", "ring_allreduce.cause.chunk_mixup"),   # "the result of isend was not used"
-    "m14_send_to_rank_plus_two": ("cause.unchanged",),
-    "m15_send_to_self": ("cause.unchanged",),
-    "m22_two_rings_both_ways": ("cause.traffic_gather",),   # at 3 ranks every rank hears from both others: no gather
-    "m25_deadlock_recv_first": ("cause.p2p_unmatched",),
-}
-
-
-@pytest.mark.timeout(420)
-def test_mistakes_score_and_name_their_cause(mistakes):
-    assert sorted(mistakes) == sorted(MISTAKES) == sorted(p.stem for p in (FIX / "mistakes").glob("*.py"))
-    for name, (score, named) in MISTAKES.items():
-        results = mistakes[name]
-        assert results["score"] == score, (name, {k: v for k, v in outcomes(results).items() if v != "pass"})
-        said = {key for check_id in results["extra_data"]["causes"] for key in causes(results, check_id)}
-        assert not said & set(NOT_SAID.get(name, ())), (name, said & set(NOT_SAID[name]))
-        for check_id, keys in named.items():
-            assert set(keys) <= set(causes(results, check_id)), (name, check_id, causes(results, check_id))
-            for key in keys:   # each cause has its own words in both languages
-                zh, en = render(key, {}, "zh"), render(key, {}, "en")
-                assert zh != key and en != key and zh != en and CJK.search(zh) and not CJK.search(en), key
-
-
-@pytest.mark.timeout(420)
-def test_hidden_checks_of_a_failed_run_say_what_happened(mistakes):
-    """A run that raised (view on a length no world size divides): every hidden check says the code raised,
-    the ring and traffic checks too (their points count for a correct sum only), never just "the result is
-    wrong"; and the cause is named there, without values."""
-    results = mistakes["m11_view_needs_a_divisible_length"]
-    hidden = [t for t in results["tests"] if t["name"].startswith("Hidden check")]
-    assert len(hidden) == 9
-    said = render("status.failed", {}, "en") + ": " + render("hint.exception", {}, "en")
-    assert all(t["output"].splitlines()[0] == said for t in hidden), [t["output"] for t in hidden]
-    cause = render("ring_allreduce.cause.view_uneven", {}, "en")
-    assert all(cause in t["output"] for t in hidden if "values" in t["name"])
-
-
-@pytest.mark.timeout(420)
-def test_wrong_traffic_keeps_the_value_points_and_names_the_figures(mistakes):
-    gather = mistakes["m05_gather_to_root"]
-    assert {k: v for k, v in outcomes(gather).items() if v != "pass"} == {
-        "ws2.traffic": "wrong", **{f"ws{ws}.{k}": "wrong" for ws in (3, 4, 5) for k in ("ring", "traffic")}}
-    texts = {c["key"]: c["text"] for c in gather["extra_data"]["causes"]["ws4.ring"]}
-    assert texts["cause.traffic_gather"] == "Cause: rank 0 received 3 x S from 3 ranks: a gather to one rank, not a ring."
-    whole = mistakes["m08_whole_tensor_each_step"]["extra_data"]["causes"]["ws2.traffic"][0]["text"]
-    assert "rank 0 sent the whole tensor at each of its 2 sends (2062 elements = 2 x S)" in whole and "1 x S" in whole
-    # hidden checks show what went wrong, never a figure or a world size
-    hidden = next(t for t in gather["tests"] if t["name"].startswith("Hidden check 2: Ring all-reduce: a ring"))
-    assert "a gather to one rank, not a ring" in hidden["output"] and "3 x S" not in hidden["output"]
-
-
-@pytest.mark.timeout(420)
-def test_deadlock_lesson_in_a_hidden_check(mistakes):
-    results = mistakes["m04_deadlock_send_first"]
-    assert outcomes(results)["ws5.values"] == "deadlock"
-    hidden = [t for t in results["tests"] if t["name"].startswith("Hidden check") and "values" in t["name"]]
-    assert len(hidden) == 3
+def test_the_deadlock_and_forbidden_collective_lessons():
     lesson = render("cause.all_blocked_in_send", {}, "en")
     assert "every rank is blocked in send" in lesson and "Post the receive first (irecv)" in lesson and "rank parity" in lesson
-    assert all(lesson in t["output"] for t in hidden)
-    # a wrong neighbour also deadlocks, with receives posted: not the same lesson
-    wrong = mistakes["m07_wrong_neighbour"]
-    assert "cause.all_blocked_in_send" not in causes(wrong, "ws3.values")
-    assert outcomes(wrong)["ws2.values"] == "pass" and outcomes(wrong)["ws3.values"] == "deadlock"
-    # receives and sends with different tags: the two tags, visible; the rule alone, hidden
-    tags = mistakes["m24_tags_differ"]
-    visible = next(t["output"] for t in tags["tests"] if t["name"] == "Ring all-reduce: values (2 ranks)")
-    assert any(render("cause.p2p_tag", {"rank": r, "peer": 1 - r, "line": 26, "tag": 0, "sent_tag": 10}, "en") in visible
-               for r in (0, 1)), visible
-    hidden = [t["output"] for t in tags["tests"] if t["name"].startswith("Hidden check") and "values" in t["name"]]
-    assert all(render("cause.p2p_tag_generic", {}, "en") in h and "10" not in h for h in hidden), hidden
-
-
-# ------------------------------------------------------------------------------------------------
-# Cheats: 0 on every check they fake
-
-CHEATS = {  # the checks each one fakes
-    "c01_collective_in_disguise": CHECK_IDS,
-    # the ring's results are thrown away: the answer stays the same when the data in flight changes, so the
-    # run-time check that send/recv were used fails too (the tensor did not come through them)
-    "c02_forged_ring_local_values": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic") or c == "ws2.p2p_only"],
-    "c03_local_answer_sent_around": [c for c in CHECK_IDS if c.split(".")[1] in ("values", "ring", "traffic")],
-    "c04_collective_on_private_group": CHECK_IDS,
-    # there is no real gloo group inside a rank any more: its all-reduce has nothing to run on, and what is
-    # left is a token ring of send/recv and no collective, which the run-time "uses" check measures as such
-    "c05_inner_gloo_group": [c for c in CHECK_IDS if c != "ws2.p2p_only"],
-}
-
-
-@pytest.mark.timeout(420)
-def test_cheats_score_0_on_what_they_fake(cheats):
-    assert sorted(cheats) == sorted(CHEATS) == sorted(p.stem for p in (FIX / "cheats").glob("*.py"))
-    for name, faked in CHEATS.items():
-        scores = {t["name"]: t["score"] for t in cheats[name]["tests"]}
-        assert len(scores) == len(CHECK_IDS)
-        assert all(v == "pass" for k, v in outcomes(cheats[name]).items() if k not in faked), name
-        assert [k for k in faked if outcomes(cheats[name])[k] == "pass"] == [], name
-    assert "cause.result_unused" in causes(cheats["c02_forged_ring_local_values"], "ws2.p2p_only")
-    inner = cheats["c05_inner_gloo_group"]
-    assert outcomes(inner)["ws2.values"] == "exception"   # no real group to reach: its all-reduce has nothing to run on
-    disguised = cheats["c01_collective_in_disguise"]
-    assert outcomes(disguised)["static.p2p_only"] == "forbidden"   # the text hides it, the run does not
-    assert "ring_allreduce.cause.forbidden" in causes(disguised, "ws2.p2p_only")
-    assert render("ring_allreduce.cause.forbidden", {}, "en").endswith("this exercise builds all-reduce from send/recv: no collective may be called.")
+    assert render("ring_allreduce.cause.forbidden", {}, "en").endswith(
+        "this exercise builds all-reduce from send/recv: no collective may be called.")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -248,7 +248,7 @@ def test_hostile_class_through_batch(tmp_path):
     shutil.copy(SOLUTION, klass / "honest_a.py")
     shutil.copy(SANDBOX / "fixed_port.py", klass / "honest_b.py")
     for cheat in ("c02_patch_comparisons", "c03_tensor_subclass", "c04_fake_output"):
-        shutil.copy(FIXTURES / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
+        shutil.copy(FIXTURES / "dist_primitives" / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
     out = tmp_path / "out"
     # 1280 MiB per rank (a real-backend rank of honest code peaks near 900 MiB of address space): the memory
     # toucher, which writes every page it gets, costs a third of the CPU that the default 2 GiB would. 3 s per

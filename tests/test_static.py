@@ -312,7 +312,7 @@ REACHED_AT_RUN_ONLY = {"h39_dtensor_partial_full_tensor", "h40_dtensor_redistrib
                        "h42_getattr_table"}
 
 
-@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "tests" / "fixtures" / "honest").glob("*.py")
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "tests" / "fixtures" / "dist_primitives" / "honest").glob("*.py")
                                         if p.stem not in REACHED_AT_RUN_ONLY), ids=lambda p: p.stem)
 def test_every_honest_fixture_still_reaches_both_collectives(path):
     assert {"all_reduce", "all_gather"} <= set(static.inspect_source(ast.parse(path.read_text())).reached)
@@ -320,7 +320,7 @@ def test_every_honest_fixture_still_reaches_both_collectives(path):
 
 @pytest.mark.parametrize("name", sorted(REACHED_AT_RUN_ONLY))
 def test_operations_reached_only_at_run_time_are_not_seen_in_the_text(name):
-    path = ROOT / "tests" / "fixtures" / "honest" / f"{name}.py"
+    path = ROOT / "tests" / "fixtures" / "dist_primitives" / "honest" / f"{name}.py"
     assert not {"all_reduce", "all_gather"} & set(static.inspect_source(ast.parse(path.read_text())).reached)
 
 

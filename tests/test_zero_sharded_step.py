@@ -1,17 +1,15 @@
-"""The third exercise, zero_sharded_step (solutions/zero_sharded_step/), through its entry points.
+"""The third exercise, zero_sharded_step (solutions/zero_sharded_step/), through its entry points: `check`
+(Chinese) on a mistake, `gradescope-zip` with run_autograder (which runs `grade`) on the solution, and the
+report's ZeRO lines, which are the chapter's claim in the student's own run (nbgrader:
+tests/test_nbgrader_e2e.py, one course for every exercise).
 
-Every fixture under tests/fixtures/zero_sharded_step/ is graded by ONE `batch` call (module fixture):
-honest styles score 100, each mistake gets its exact outcomes and its cause (the exercise's words, in
-Chinese and English), each cheat scores 0 on the checks it fakes. Then `list`, `check` (Chinese),
-`gradescope-zip` with run_autograder (which runs `grade`), and the report's ZeRO lines, which are the
-chapter's claim in the student's own run (nbgrader: tests/test_nbgrader_e2e.py, one course for every
-exercise).
+Its fixtures (tests/fixtures/zero_sharded_step/{honest,mistakes,cheats}/: honest styles score 100, each mistake
+gets its exact outcomes and its cause, each cheat scores 0 on the checks it fakes, as each sidecar says) are
+graded by tests/test_fixtures.py.
 """
 from __future__ import annotations
 
 import ast
-import csv
-import json
 import re
 import shutil
 import zipfile
@@ -21,7 +19,8 @@ import nbformat
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, PY, ROOT, graded_folder, run_cli
+import expectations
+from conftest import FIXTURES, PY, ROOT, run_cli
 from exercise_suite import expected_grade_id
 from grader.exercise import registry
 from grader.feedback.messages import CATALOG, render
@@ -34,205 +33,20 @@ SOLUTION_NB = ROOT / "solutions" / EX / f"{EX}.ipynb"
 RELEASE_PY = ROOT / "assignments" / EX / f"{EX}.py"
 RELEASE_NB = ROOT / "assignments" / EX / f"{EX}.ipynb"
 WS = (2, 3, 4)
-HIDDEN_WS = (3, 4)
 EXERCISE = registry.get(EX)   # loading it adds its messages to the catalog under its name
 
 
-def every(kind: str, outcome: str, sizes=WS) -> dict:
-    return {f"ws{ws}.{kind}": outcome for ws in sizes}
+HONEST = sorted(p.stem for p in (FIX / "honest").glob("*.py"))
 
 
-# (score, the checks that do not pass with their outcome, the causes (the exercise's keys and their
-# parameters) that every failing check of a kind names, visible and hidden alike)
-NOT_DIVIDED, WRONG_SHARD, LOCAL_UPDATE = ("cause.not_divided", {}), ("cause.wrong_shard", {}), ("cause.local_update", {})
-FULL_MOMENTUM, PADDING, GATHERED = ("cause.full_momentum", {}), ("cause.padding", {}), ("cause.gathered_gradients", {})
-RESET, ALL_REDUCE = ("cause.momentum_reset", {}), ("cause.forbidden_all_reduce", {"op": "all_reduce"})
-SIGN, REUSED, NOT_OWN = ("cause.sign_flipped", {}), ("cause.gradient_reused", {}), ("cause.not_own_gradient", {})
-MISTAKES = {
-    "m01_no_division": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
-                        {"params": [NOT_DIVIDED], "momentum": [NOT_DIVIDED]}),
-    "m02_wrong_shard_index": (55, every("params", "wrong"), {"params": [WRONG_SHARD]}),
-    "m03_full_params_updated": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
-                                {"params": [LOCAL_UPDATE], "momentum": [FULL_MOMENTUM]}),
-    "m04_full_momentum": (70, every("momentum", "wrong"), {"momentum": [FULL_MOMENTUM]}),
-    "m05_no_padding": (40, {**every("params", "exception", HIDDEN_WS), **every("momentum", "exception", HIDDEN_WS),
-                            **every("primitives", "exception", HIDDEN_WS)}, {"params": [PADDING], "momentum": [PADDING]}),
-    "m06_gathered_gradients": (25, {**every("params", "not_collective"), **every("momentum", "wrong")},
-                               {"params": [GATHERED], "momentum": [FULL_MOMENTUM, GATHERED]}),
-    "m07_momentum_reset": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
-                           {"params": [RESET], "momentum": [RESET]}),
-    # the right numbers, through what the all-reduce delivered: the value points; not the primitives'
-    "m08_all_reduce": (80, {"static.reduce_scatter": "not_called", **every("primitives", "forbidden")},
-                       {"primitives": [ALL_REDUCE]}),
-    # the same beside one reduce_scatter whose result goes unused: the value points still (m08's), and the
-    # static reduce_scatter points
-    "m10_all_reduce_beside_unused_reduce_scatter": (85, every("primitives", "forbidden"), {"primitives": [ALL_REDUCE]}),
-    "m09_padding_kept": (70, every("params", "wrong", HIDDEN_WS), {"params": [("cause.padding_kept", {})]}),
-    "m11_one_step": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
-                     {"params": [("cause.one_step", {})], "momentum": [("cause.one_step", {})]}),
-    "m12_update_sign_flipped": (55, every("params", "wrong"), {"params": [SIGN]}),
-    # the same parameters as a momentum restarted every step, but the momentum is right: the update is to blame
-    "m20_shard_buffer_float64": (10, {**every("params", "exception"), **every("momentum", "exception"),
-                                      **every("primitives", "exception")}, {}),
-    "m19_update_with_the_gradient": (55, every("params", "wrong"), {"params": [("cause.update_with_gradient", {})]}),
-    "m13_momentum_sign_flipped": (25, {**every("params", "wrong"), **every("momentum", "wrong")}, {"params": [SIGN], "momentum": [SIGN]}),
-    "m14_first_gradient_reused": (25, {**every("params", "wrong"), **every("momentum", "wrong")},
-                                  {"params": [REUSED], "momentum": [REUSED]}),
-    # right numbers, through the operations, but no rank contributed its own gradient: not "computed locally",
-    # and not the all-gather's input to blame
-    "m15_local_average_into_reduce_scatter": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
-                                              {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
-    "m16_rank0_sends_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
-                                {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
-    # m15 and m16 behind a decoy: before the steps, each rank posts an async reduce-scatter of its own gradient
-    # per step on a group no other rank joins (never completed). A rank is credited with what it sent into the
-    # same completed operation whose result the value is built from, so the decoys are no contribution: the
-    # same verdicts and causes as m15 and m16
-    "m21_pending_decoy_then_local_average": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
-                                             {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
-    "m22_pending_decoy_then_rank0_for_all": (25, {**every("params", "not_collective"), **every("momentum", "not_collective")},
-                                             {"params": [NOT_OWN], "momentum": [NOT_OWN]}),
-    # the momentum from an average computed locally: right numbers that ignore the reduce-scatter's data, so
-    # the primitives too (the engine's cause, below)
-    "m17_momentum_from_a_local_average": (10, {**every("params", "not_collective"), **every("momentum", "not_collective"),
-                                               **every("primitives", "not_collective")}, {}),
-    # only the last rank's shard holds padding: the other ranks' momentum is right and proven
-    "m18_padding_not_zero": (80, every("momentum", "wrong", HIDDEN_WS), {"momentum": [("cause.padding_not_zero", {})]}),
-}
-# the engine's causes a mistake's checks of a kind name
-ENGINE_CAUSES = {"m17_momentum_from_a_local_average": {"primitives": "cause.result_unused"}}
-# causes each was once told, falsely (engine keys, not the exercise's)
-NOT_SAID = {
-    "m10_all_reduce_beside_unused_reduce_scatter": ("why.not_delivered", "fail.not_collective"),
-    "m15_local_average_into_reduce_scatter": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
-    "m16_rank0_sends_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
-    "m21_pending_decoy_then_local_average": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
-    "m22_pending_decoy_then_rank0_for_all": ("fail.not_collective", "why.contribution_derived", "why.not_delivered"),
-    "m20_shard_buffer_float64": (f"{EX}.cause.padding",),   # an error of reduce_scatter is not always the padding's
-}
-# the checks each cheat fakes: all of them score 0, with "right numbers, not derived from the communication";
-# the primitives too where the answer stays the same when the data in flight changes (the collectives ran on
-# zeros, or on real data whose results are never read): the quantities did not come through them
-CHEATS = {
-    "c01_local_answer_dummy_collectives": ("params", "momentum", "primitives"),
-    "c02_launder_through_all_gather": ("params", "momentum", "primitives"),
-    "c03_fake_sharded_momentum": ("momentum", "primitives"),
-    "c04_probe_deltas_with_zeros": ("params", "momentum"),   # what it adds to its answer is what the probes delivered
-    "c05_results_never_read": ("params", "momentum", "primitives"),
-    # honest momentum; the first step's shard computed from the known gradients and gathered, the second step
-    # made from that delivery: the parameters only
-    "c06_step1_params_computed_locally": ("params",),
-}
-POINTS = {"params": 15, "momentum": 10, "primitives": 5}
-HONEST = sorted(p.stem for p in FIX.glob("h*.py"))
+# -- the fixtures (graded by tests/test_fixtures.py, each against its sidecar) -----------------------------
 
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory) -> dict:
-    """Every fixture through one `batch` call (Chinese feedback): student -> results.json."""
-    out = graded_folder(tmp_path_factory, "zero_sharded_step", EX, "zh")   # shared: test_causes.py reads it too
-    with open(out / "grades.csv", newline="", encoding="utf-8") as fh:
-        rows = {row["student"]: row for row in csv.DictReader(fh)}
-    results = {name: json.loads((out / f"{name}.json").read_text(encoding="utf-8")) for name in rows}
-    return {"rows": rows, "results": results}
-
-
-def failing(results: dict) -> dict:
-    return {k: v for k, v in results["extra_data"]["outcomes"].items() if v != "pass"}
-
-
-def output_of(results: dict, check_id: str) -> str:
-    """The feedback of one check as the student reads it (results.json keeps the tests in rubric order)."""
-    ids = list(results["extra_data"]["outcomes"])
-    return results["tests"][ids.index(check_id)]["output"]
-
-
-# -- the fixtures, one batch ----------------------------------------------------------------------
-
-def test_enough_fixtures_of_each_kind():
-    assert len(HONEST) >= 6 and len(MISTAKES) >= 8 and len(CHEATS) >= 3
-    assert sorted(p.stem for p in FIX.glob("*.py")) == sorted([*HONEST, *MISTAKES, *CHEATS])
-
-
-@pytest.mark.timeout(420)
-def test_honest_styles_score_100(graded):
-    for name in HONEST:
-        assert graded["rows"][name]["total"] == "100", (name, failing(graded["results"][name]))
-    # the names torch 2.13 recommends, and the older ones it warns about (h01), both earn full marks
-    texts = [(FIX / f"{name}.py").read_text(encoding="utf-8") for name in HONEST]
+def test_honest_styles_use_the_names_torch_recommends_and_the_older_ones():
+    """The names torch 2.13 recommends, and the older ones it warns about (h01): the fixtures hold both, so
+    both are graded (and earn full marks: their folder's grading)."""
+    texts = [(FIX / "honest" / f"{name}.py").read_text(encoding="utf-8") for name in HONEST]
     assert any("dist.reduce_scatter_single(" in t and "dist.all_gather_single(" in t for t in texts)
     assert any("dist.reduce_scatter_tensor(" in t and "dist.all_gather_into_tensor(" in t for t in texts)
-
-
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("name", list(MISTAKES))
-def test_mistake_scores_and_names_its_cause_in_both_languages(graded, name):
-    score, outcomes, causes = MISTAKES[name]
-    results = graded["results"][name]
-    assert results["score"] == score and failing(results) == outcomes, failing(results)
-    said = {c["key"] for found in results["extra_data"]["causes"].values() for c in found}
-    assert not said & set(NOT_SAID.get(name, ())), said & set(NOT_SAID[name])
-    for kind, key in ENGINE_CAUSES.get(name, {}).items():
-        assert all(key in {c["key"] for c in results["extra_data"]["causes"][f"ws{ws}.{kind}"]} for ws in WS), (kind, key)
-    for check_id in outcomes:
-        kind = check_id.split(".")[1]
-        text = output_of(results, check_id)
-        named = {c["key"] for c in results["extra_data"]["causes"][check_id]}
-        for key, params in causes.get(kind, []) if check_id.startswith("ws") else []:
-            assert f"{EX}.{key}" in named, (check_id, named)
-            assert render(f"{EX}.{key}", params, "zh") in text, (check_id, text)
-        assert "Traceback" not in text
-    for key, params in (cause for found in causes.values() for cause in found):   # the same cause, in English
-        zh, en = render(f"{EX}.{key}", params, "zh"), render(f"{EX}.{key}", params, "en")
-        assert re.search(r"[\u4e00-\u9fff]", zh) and "：" in zh and en.isascii() and en.startswith("Cause: "), key
-
-
-@pytest.mark.timeout(420)
-@pytest.mark.parametrize("name", list(CHEATS))
-def test_cheat_scores_0_on_the_checks_it_fakes(graded, name):
-    results = graded["results"][name]
-    faked = {f"ws{ws}.{kind}" for ws in WS for kind in CHEATS[name]}
-    assert failing(results) == {check_id: "not_collective" for check_id in faked}
-    scores = dict(zip(results["extra_data"]["outcomes"], (t["score"] for t in results["tests"])))
-    assert all(scores[check_id] == 0 for check_id in faked)
-    assert results["score"] == 100 - sum(POINTS[c.split(".")[1]] for c in faked)
-    for check_id in faked:
-        if check_id.endswith("primitives"):
-            named = {c["key"] for c in results["extra_data"]["causes"][check_id]}
-            assert "cause.result_unused" in named, (check_id, named)
-
-
-@pytest.mark.timeout(420)
-def test_hidden_checks_reveal_no_values_sizes_or_lines(graded):
-    for name, results in graded["results"].items():
-        for test in results["tests"]:
-            if test["visibility"] != "after_published":
-                continue
-            text = re.sub(r"隐藏测试 \d|ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", test["name"] + test["output"])
-            assert not re.search(r"\d", text), (name, test)
-            assert "进程 0" not in text and "行）" not in text, (name, test)
-
-
-@pytest.mark.timeout(420)
-def test_hidden_uses_checks_say_what_happened(graded):
-    """A hidden primitives check names what happened, without values: an exception (the operations never
-    completed), a forbidden operation, or quantities that did not come through the operations; not just
-    "the result is wrong"."""
-    said = {("m05_no_padding", "ws3.primitives"): "hint.exception", ("m08_all_reduce", "ws4.primitives"): "hint.forbidden",
-            ("c05_results_never_read", "ws3.primitives"): "hint.not_collective"}
-    for (name, check_id), hint in said.items():
-        text = output_of(graded["results"][name], check_id)
-        assert text.splitlines()[0] == render("status.failed", {}, "zh") + "：" + render(hint, {}, "zh"), (name, text)
-    unused = output_of(graded["results"]["c05_results_never_read"], "ws4.primitives")
-    assert render("cause.result_unused", {"quantity": "momentum", "ops": ["reduce_scatter"]}, "zh") in unused
-
-
-@pytest.mark.timeout(420)
-def test_the_momentum_shard_is_proven_from_the_reduce_scatter_deliveries(graded):
-    """A right momentum computed without the reduce-scatter's data (c03) fails where the honest ones pass:
-    the tracer names what the rank's value is not made of."""
-    text = output_of(graded["results"]["c03_fake_sharded_momentum"], "ws2.momentum")
-    assert render("fail.not_collective", {"rank": 0, "quantity": "momentum", "ops": ["reduce_scatter"]}, "zh") in text
 
 
 # -- entry points ----------------------------------------------------------------------------------
@@ -250,7 +64,7 @@ def test_list_names_the_exercise():
 def test_check_in_chinese_names_the_cause_and_infers_the_exercise(tmp_path):
     """`check` on a file named after the exercise (no --exercise): the visible checks only, in Chinese."""
     path = tmp_path / f"{EX}.py"
-    shutil.copy(FIX / "m04_full_momentum.py", path)
+    shutil.copy(FIX / "mistakes" / "m04_full_momentum.py", path)
     proc = run_cli("check", str(path), "--lang", "zh")
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith(f"== {EX}.py: 得分：30 / 40 ==")
@@ -387,9 +201,9 @@ def test_the_first_exercise_path_is_unchanged():
         source = template.format(i=0)
         assert registry.infer(Path("student.py"), source).name == "dist_primitives"
         assert "torch._dynamo" not in static.inspect_source(ast.parse(source)).torch_modules
-    for path in sorted((FIXTURES / "honest").glob("*.py")):
+    for path in sorted((FIXTURES / "dist_primitives" / "honest").glob("*.py")):
         assert registry.infer(path, path.read_text(encoding="utf-8")).name == "dist_primitives", path
-    for path in sorted(FIX.glob("*.py")):
+    for path in sorted(FIX.glob("*/[hmc]*.py")):   # the red team's attacks (a*) need not look like an answer
         assert registry.infer(Path("answer.py"), path.read_text(encoding="utf-8")).name == EX, path
 
 
@@ -449,4 +263,4 @@ def test_exercise_messages_are_bilingual_and_hidden_safe():
         assert set(re.findall(r"\{(\w+)", zh)) == set(re.findall(r"\{(\w+)", en)), key
         if key.startswith("cause."):   # hidden checks show them: names only, no numbers
             assert hidden_safe(f"{EX}.{key}"), key
-            assert not re.search(r"\d", re.sub(r"ceil\(P / world_size\)|\(r \+ 1\) \* shard", "", zh + en)), key
+            assert not re.search(r"\d", re.sub("|".join(expectations.defaults(EXERCISE)["hidden_may_show"]), "", zh + en)), key
