@@ -5,7 +5,7 @@ test_ prefix): tests/test_fixtures.py runs it for every exercise the registry fi
 An exercise's fixtures are `tests/fixtures/<exercise>/{honest,mistakes,cheats}/` (or, for an exercise folder
 outside this checkout, `<its folder>/fixtures/{honest,mistakes,cheats}/`). Beside each submission
 `<stem>.py` (or `.ipynb`) its expectation is the sidecar `<stem>.toml`; an honest fixture needs none (it scores
-100, passes every check, names no cause). `<fixtures>/<exercise>/defaults.toml` may give the language the
+full marks, passes every check, names no cause). `<fixtures>/<exercise>/defaults.toml` may give the language the
 fixtures are graded in and the fixed words with digits a hidden check may show.
 """
 from __future__ import annotations
@@ -132,8 +132,8 @@ def sidecar_problems(fixture: Fixture, exercise, catalog: dict) -> list[str]:
     score = expect.get("score")
     if fixture.kind != "honest" and score is None:
         problems.append("no score")
-    if fixture.kind == "honest" and (score not in (None, 100) or expect.get("outcomes") or expect.get("causes")):
-        problems.append("an honest fixture scores 100, passes every check and names no cause")
+    if fixture.kind == "honest" and (score is not None or expect.get("outcomes") or expect.get("causes")):
+        problems.append("an honest fixture gets full marks, passes every check and names no cause: no score, outcomes or causes")
     if score is not None and not (isinstance(score, (int, float)) or (isinstance(score, list) and len(score) == 2)):
         problems.append(f"score {score!r}: a number or [lowest, highest]")
     for lang in fixture.langs:
@@ -205,7 +205,7 @@ def problems(fixture: Fixture, results: dict, lang: str, exercise, render) -> li
         found.append("a traceback or 'autograder failed' in the report")
     if sorted(outcomes) != sorted(c.id for c in exercise.checks):
         found.append(f"checks {sorted(outcomes)}, not the exercise's")
-    score = expect.get("score", 100)
+    score = expect.get("score", sum(check.points for check in exercise.checks))   # an honest fixture: full marks
     low, high = (score, score) if not isinstance(score, list) else score
     if not low <= results["score"] <= high:
         found.append(f"score {results['score']:g}, expected {score}")

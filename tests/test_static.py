@@ -306,8 +306,8 @@ def test_lines_are_where_the_operation_is_named():
 
 
 # honest styles whose operations the text does not show (DTensor's full_tensor / redistribute, getattr through a
-# table): the runs show every rank completing them, which passes their static checks (test_grade_fixtures.py,
-# REACHED_AT_RUN)
+# table): the runs show every rank completing them, which passes their static checks (their sidecars in
+# tests/fixtures/dist_primitives/honest/ say so)
 REACHED_AT_RUN_ONLY = {"h39_dtensor_partial_full_tensor", "h40_dtensor_redistribute_replicate", "h41_dtensor_distribute_tensor",
                        "h42_getattr_table"}
 

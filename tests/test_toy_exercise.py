@@ -1,15 +1,18 @@
 """An instructor adds an exercise without touching grader/: a folder with exercise.py, found through
---exercises-dir, graded end to end (an honest, a wrong and a locally computed submission); and one that
-declares the check kinds measured at the switch (counts, volume, groups) with Quantity.tolerance."""
+--exercises-dir, graded end to end (an honest, a wrong and a locally computed submission); one that declares
+the check kinds measured at the switch (counts, volume, groups) with Quantity.tolerance; and one with its
+fixtures beside it, which tests/test_fixtures.py tests with no edit to tests/."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import textwrap
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import PY, ROOT, run_cli
 
 EXERCISE = '''
 """Toy exercise: every rank ends with rank 0's vector, sent with a broadcast."""
@@ -233,3 +236,72 @@ def test_counts_volume_and_groups_checks_graded_end_to_end(tmp_path):
     assert failing("local") == {"ws4.total": "not_collective", "ws6.total": "not_collective",
                                 **{f"ws{ws}.{k}": "wrong" for ws in (4, 6) for k in ("one_broadcast", "leaders_only", "half", "nodes")}}
     assert causes("local", "ws4.half") == {"cause.kind_needs_value"}
+
+
+# -- a new exercise with its fixtures: the per-exercise tests find it, tests/ and grader/ untouched ---------
+
+SIDECARS = {
+    "wrong": '''# broadcasts into a copy: the result is unused, and the exercise's own cause says what the vector still is
+score = 2
+
+[outcomes]
+"ws*.vector" = "wrong"
+
+[causes]
+"ws*.vector" = ["cause.unchanged", "toy_broadcast.cause.own_vector"]
+
+[[says]]
+text = "Cause: vector is still this rank's own vector."
+check = "ws2.vector"
+''',
+    "local": '''# rank 0's data computed locally: the right numbers, not derived from the communication
+score = 2
+
+[outcomes]
+"ws*.vector" = "not_collective"
+
+[causes]
+"ws*.vector" = ["fail.not_collective"]
+''',
+}
+
+
+def _fixture_tests(env: dict, *select: str) -> subprocess.CompletedProcess:
+    """tests/test_fixtures.py as it is, in a pytest of its own, on the exercises of `env`'s GRADER_EXERCISES."""
+    return subprocess.run([PY, "-m", "pytest", "-q", "-rA", "-n", "0", "-p", "no:cacheprovider", "tests/test_fixtures.py",
+                           "-k", " and ".join(select)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+
+
+@pytest.mark.timeout(600)
+def test_a_new_exercise_with_its_fixtures_is_tested_without_an_edit_to_the_tests(tmp_path):
+    """An instructor's exercise in a folder of their own (its declaration with a cause of its own, its
+    solution, its fixtures beside it with their sidecars): tests/test_fixtures.py grades and checks it as it
+    checks the course's, and fails where a sidecar says what the grading does not, or where its cause is
+    named for no mistake."""
+    folder = tmp_path / "course" / "toy_broadcast"
+    folder.mkdir(parents=True)
+    (folder / "exercise.py").write_text(textwrap.dedent(EXERCISE))
+    (folder / "toy_broadcast.py").write_text(HONEST)
+    for kind, name, text in (("honest", "h01_broadcast", HONEST), ("mistakes", "wrong", WRONG), ("cheats", "local", LOCAL)):
+        (folder / "fixtures" / kind).mkdir(parents=True)
+        (folder / "fixtures" / kind / f"{name}.py").write_text(text)
+        if name in SIDECARS:
+            (folder / "fixtures" / kind / f"{name}.toml").write_text(SIDECARS[name])
+    env = {**os.environ, "GRADER_EXERCISES": str(tmp_path / "course")}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    proc = _fixture_tests(env, "toy_broadcast")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    for name in ("honest/h01_broadcast", "mistakes/wrong", "cheats/local"):
+        assert f"PASSED tests/test_fixtures.py::test_fixture_gets_what_its_sidecar_says[toy_broadcast/{name}]" in proc.stdout
+    assert "PASSED tests/test_fixtures.py::test_every_cause_an_exercise_declares_is_named_for_one_of_its_mistakes[toy_broadcast]" \
+        in proc.stdout
+    # a sidecar that says what the grading does not: the fixture's test fails, saying what differs
+    side = folder / "fixtures" / "mistakes" / "wrong.toml"
+    side.write_text(SIDECARS["wrong"].replace("score = 2", "score = 10"))
+    proc = _fixture_tests(env, "toy_broadcast/mistakes")
+    assert proc.returncode == 1 and "score 2, expected 10" in proc.stdout, proc.stdout[-3000:]
+    # its cause named for no mistake: no fixture shows it (nothing graded)
+    side.write_text(SIDECARS["wrong"].replace(', "toy_broadcast.cause.own_vector"', ""))
+    proc = _fixture_tests(env, "toy_broadcast", "named_for_one_of_its_mistakes")
+    assert proc.returncode == 1 and "toy_broadcast.cause.own_vector" in proc.stdout, proc.stdout[-3000:]
