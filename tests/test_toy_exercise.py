@@ -266,42 +266,46 @@ score = 2
 }
 
 
-def _fixture_tests(env: dict, *select: str) -> subprocess.CompletedProcess:
-    """tests/test_fixtures.py as it is, in a pytest of its own, on the exercises of `env`'s GRADER_EXERCISES."""
-    return subprocess.run([PY, "-m", "pytest", "-q", "-rA", "-n", "0", "-p", "no:cacheprovider", "tests/test_fixtures.py",
-                           "-k", " and ".join(select)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+UNCOVERED = EXERCISE.replace('name="toy_broadcast"', 'name="toy_uncovered"').replace('entry="share"', 'entry="share_all"') \
+    .replace('defines=("share",)', 'defines=("share_all",)')
 
 
 @pytest.mark.timeout(600)
 def test_a_new_exercise_with_its_fixtures_is_tested_without_an_edit_to_the_tests(tmp_path):
     """An instructor's exercise in a folder of their own (its declaration with a cause of its own, its
-    solution, its fixtures beside it with their sidecars): tests/test_fixtures.py grades and checks it as it
-    checks the course's, and fails where a sidecar says what the grading does not, or where its cause is
-    named for no mistake."""
-    folder = tmp_path / "course" / "toy_broadcast"
-    folder.mkdir(parents=True)
-    (folder / "exercise.py").write_text(textwrap.dedent(EXERCISE))
-    (folder / "toy_broadcast.py").write_text(HONEST)
-    for kind, name, text in (("honest", "h01_broadcast", HONEST), ("mistakes", "wrong", WRONG), ("cheats", "local", LOCAL)):
-        (folder / "fixtures" / kind).mkdir(parents=True)
-        (folder / "fixtures" / kind / f"{name}.py").write_text(text)
-        if name in SIDECARS:
-            (folder / "fixtures" / kind / f"{name}.toml").write_text(SIDECARS[name])
-    env = {**os.environ, "GRADER_EXERCISES": str(tmp_path / "course")}
-    env.pop("PYTEST_XDIST_WORKER", None)
-    env.pop("PYTEST_CURRENT_TEST", None)
-    proc = _fixture_tests(env, "toy_broadcast")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    for name in ("honest/h01_broadcast", "mistakes/wrong", "cheats/local"):
-        assert f"PASSED tests/test_fixtures.py::test_fixture_gets_what_its_sidecar_says[toy_broadcast/{name}]" in proc.stdout
-    assert "PASSED tests/test_fixtures.py::test_every_cause_an_exercise_declares_is_named_for_one_of_its_mistakes[toy_broadcast]" \
-        in proc.stdout
-    # a sidecar that says what the grading does not: the fixture's test fails, saying what differs
-    side = folder / "fixtures" / "mistakes" / "wrong.toml"
-    side.write_text(SIDECARS["wrong"].replace("score = 2", "score = 10"))
-    proc = _fixture_tests(env, "toy_broadcast/mistakes")
-    assert proc.returncode == 1 and "score 2, expected 10" in proc.stdout, proc.stdout[-3000:]
-    # its cause named for no mistake: no fixture shows it (nothing graded)
-    side.write_text(SIDECARS["wrong"].replace(', "toy_broadcast.cause.own_vector"', ""))
-    proc = _fixture_tests(env, "toy_broadcast", "named_for_one_of_its_mistakes")
-    assert proc.returncode == 1 and "toy_broadcast.cause.own_vector" in proc.stdout, proc.stdout[-3000:]
+    solution, its fixtures beside it with their sidecars): tests/test_fixtures.py, run as it is on that
+    folder (GRADER_EXERCISES), grades and checks it as it checks the course's. It fails where a sidecar says
+    what the grading does not, and where an exercise's cause is named for no mistake (a second exercise whose
+    only mistake's sidecar leaves it out: its fixtures are not graded here)."""
+    course = tmp_path / "course"
+    for name, declaration, sidecars in (("toy_broadcast", EXERCISE, SIDECARS), ("toy_uncovered", UNCOVERED, {
+            "wrong": SIDECARS["wrong"].replace(', "toy_broadcast.cause.own_vector"', "")})):
+        folder = course / name
+        folder.mkdir(parents=True)
+        (folder / "exercise.py").write_text(textwrap.dedent(declaration))
+        (folder / f"{name}.py").write_text(HONEST)
+        for kind, stem, text in (("honest", "h01_broadcast", HONEST), ("mistakes", "wrong", WRONG), ("cheats", "local", LOCAL)):
+            (folder / "fixtures" / kind).mkdir(parents=True, exist_ok=True)
+            (folder / "fixtures" / kind / f"{stem}.py").write_text(text)
+            if stem in sidecars:
+                (folder / "fixtures" / kind / f"{stem}.toml").write_text(sidecars[stem])
+    said_wrong = course / "toy_broadcast" / "fixtures" / "mistakes" / "wrong_said_to_score_10"
+    said_wrong.with_suffix(".py").write_text(WRONG)
+    said_wrong.with_suffix(".toml").write_text(SIDECARS["wrong"].replace("score = 2", "score = 10"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "GRADER_"))}
+    env["GRADER_EXERCISES"] = str(course)
+    proc = subprocess.run([PY, "-m", "pytest", "-q", "-rA", "-n", "0", "-p", "no:cacheprovider", "tests/test_fixtures.py",
+                           "-k", "toy_broadcast or (toy_uncovered and named_for_one_of_its_mistakes)"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+    out = proc.stdout
+    test = "tests/test_fixtures.py::test_"
+    failed = sorted(line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED "))
+    assert failed == [f"{test}every_cause_an_exercise_declares_is_named_for_one_of_its_mistakes[toy_uncovered]",
+                      f"{test}fixture_gets_what_its_sidecar_says[toy_broadcast/mistakes/wrong_said_to_score_10]"], out[-4000:]
+    assert "score 2, expected 10" in out and "toy_uncovered.cause.own_vector" in out, out[-4000:]
+    for passed in ("fixture_gets_what_its_sidecar_says[toy_broadcast/honest/h01_broadcast]",
+                   "fixture_gets_what_its_sidecar_says[toy_broadcast/mistakes/wrong]",
+                   "fixture_gets_what_its_sidecar_says[toy_broadcast/cheats/local]",
+                   "every_cause_an_exercise_declares_is_named_for_one_of_its_mistakes[toy_broadcast]",
+                   "every_exercise_has_fixtures_of_each_kind_each_with_its_sidecar[toy_broadcast]"):
+        assert f"PASSED {test}{passed}" in out, out[-4000:]
