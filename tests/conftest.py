@@ -1,6 +1,7 @@
 """Shared helpers: grade fixture submissions through the real command line."""
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -27,12 +28,50 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PY = sys.executable
 CLI_TIMEOUT = 120
-BATCH_TIMEOUT = 900   # one batch of a folder of fixtures on a loaded machine: a verdict, not a speed
+BATCH_TIMEOUT = 600   # one batch of a folder of fixtures
+MAX_SLOWDOWN = 8.0
+
+
+def slowdown() -> float:
+    """How much slower than a quiet machine this one runs now: the runnable processes per core over the last
+    minute (os.getloadavg), at least 1, at most MAX_SLOWDOWN. The time limits in tests are sized on a quiet
+    machine of the kind `make test` runs on (2 cores), and they check a verdict, not a speed: each is stretched
+    by this when it starts (a test's pytest-timeout, run_cli's, the time a run has in a fixtures' batch).
+    Speed is measured by bench/, never by a test."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not Linux
+        cores = os.cpu_count() or 1
+    return min(MAX_SLOWDOWN, max(1.0, os.getloadavg()[0] / cores))
 
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 import forkserver  # noqa: E402  (tests/tools: the standard library only)
 
 _WARM_CLI: dict = {}   # {"path": the warm_cli server's socket, "env": the environment it was started with}
+
+
+def _run_time_limit() -> float:
+    """The time a graded run has by default (`--time-limit`'s default, from the command line itself)."""
+    from grader.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return next(a.default for a in sub.choices["batch"]._actions if "--time-limit" in a.option_strings)
+
+
+RUN_TIME_LIMIT = _run_time_limit()
+TIMED_VERBS = ("grade", "check", "batch")   # the commands whose runs have --time-limit (gradescope-zip writes it down)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Every test's time limit (its timeout marker, else pyproject's) stretched by slowdown() as it starts:
+    before pytest-timeout reads it."""
+    marker = item.get_closest_marker("timeout")
+    limit = marker.args[0] if marker is not None and marker.args else float(item.config.getini("timeout") or 0)
+    factor = slowdown()
+    if limit and factor > 1:
+        item.add_marker(pytest.mark.timeout(limit * factor), append=False)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -78,8 +117,13 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT, env: dict | None = None,
             template: bool = False) -> subprocess.CompletedProcess:
     """`python -m grader ARGS` from the repository root; killed by process group if it overruns. With `env`,
     not the session's template: the zygote starts cold, in that environment (`template=True`: the variables
-    are for the grader's own processes, and its zygote is still a fork of the session's template)."""
+    are for the grader's own processes, and its zygote is still a fork of the session's template). Its
+    timeout, and the time its runs have (`--time-limit`, unless ARGS give one), are stretched by slowdown()."""
     from grader.processes.launch import TEMPLATE_SOCKET_ENV
+    factor = slowdown()
+    timeout *= factor
+    if args and args[0] in TIMED_VERBS and "--time-limit" not in args and factor > 1:   # a run's time, stretched too
+        args = (*args, "--time-limit", f"{RUN_TIME_LIMIT * factor:.0f}")
     full = {**os.environ, **(env or {})}
     if env is not None and TEMPLATE_SOCKET_ENV not in env and not template:
         full.pop(TEMPLATE_SOCKET_ENV, None)

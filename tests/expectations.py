@@ -26,9 +26,10 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KINDS = ("honest", "mistakes", "cheats")
 SUFFIXES = (".py", ".ipynb")
 SIDECAR_KEYS = {"score", "lang", "options", "outcomes", "causes", "causes_exact", "not_named", "says", "xfail"}
-# The tracer's account of what it found (why.*) depends on the deltas a perturbed run drew: a sidecar's causes
-# name every other key a check names, and of these only the ones it lists, which must be there
-ACCOUNT = "why."
+# What depends on the deltas a perturbed run drew (the tracer's account of what it found, why.*) or on timing
+# (which rank a first failure stopped, fail.stopped): a sidecar's causes name every other key a check names,
+# and of these only the ones it lists, which must be there
+ACCOUNT = ("why.", "fail.stopped")
 SAYS_KEYS = {"key", "params", "text", "match", "check", "lang", "absent", "exact", "staff"}
 DEFAULT_KEYS = {"lang", "hidden_may_show"}
 LANGS = ("en", "zh")
