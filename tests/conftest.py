@@ -29,7 +29,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PY = sys.executable
 CLI_TIMEOUT = 120
 BATCH_TIMEOUT = 600   # one batch of a folder of fixtures
-MAX_SLOWDOWN = 8.0
+MAX_SLOWDOWN = 12.0
 
 
 def slowdown() -> float:
@@ -43,6 +43,12 @@ def slowdown() -> float:
     except AttributeError:   # not Linux
         cores = os.cpu_count() or 1
     return min(MAX_SLOWDOWN, max(1.0, os.getloadavg()[0] / cores))
+
+
+def stretched(seconds: float) -> float:
+    """A time limit inside a test (a subprocess's, a kernel's), sized on a quiet machine, stretched as the
+    machine is slower now."""
+    return seconds * slowdown()
 
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
 import forkserver  # noqa: E402  (tests/tools: the standard library only)

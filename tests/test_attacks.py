@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import FIXTURES, PY, ROOT, run_cli
+from conftest import FIXTURES, PY, ROOT, run_cli, stretched
 
 LIMITS = FIXTURES / "limits"
 
@@ -42,7 +42,7 @@ print(json.dumps({"stop": out.stop, "grew_mib": (after - before) / 1024, "unread
 
 def _supervisor_growth(fixture: str, exercise: str = "dist_primitives") -> dict:
     proc = subprocess.run([PY, "-c", PEAK, str(LIMITS / fixture), exercise], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=stretched(240))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

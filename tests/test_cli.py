@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from conftest import FIXTURES, ROOT, outcomes, run_cli
+from conftest import FIXTURES, ROOT, outcomes, run_cli, stretched
 
 SOLUTION = ROOT / "solutions" / "dist_primitives" / "dist_primitives.py"
 STUB = ROOT / "assignments" / "dist_primitives" / "dist_primitives.py"
@@ -151,7 +151,7 @@ def test_a_zygote_started_early_never_outlives_its_command(tmp_path):
                  ["batch", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]):
         proc = subprocess.Popen([sys.executable, "-m", "grader", *args], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-        proc.communicate(timeout=50)
+        proc.communicate(timeout=stretched(50))
         assert proc.returncode in (0, 2)
         mark = f"grader-runs-{proc.pid}-"
         time.sleep(0.2)

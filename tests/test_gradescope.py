@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, PY, run_cli
+from conftest import FIXTURES, PY, run_cli, stretched
 
 
 def build_root(tmp_path: Path, exercise: str = "dist_primitives", lang: str = "en") -> Path:
@@ -39,7 +39,7 @@ def run_autograder(root: Path, python: str, **extra: str) -> dict:
     proc = subprocess.Popen([shutil.which("bash"), str(root / "source" / "run_autograder")], cwd=root, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=stretched(120))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.communicate()

@@ -34,7 +34,7 @@ from grader.exercise import registry
 from grader.model import CheckResult, Outcome
 from grader.feedback.render import title
 
-from conftest import FIXTURES, NO_IRI_FORMAT, PY, ROOT
+from conftest import FIXTURES, NO_IRI_FORMAT, PY, ROOT, stretched
 
 import warm_kernel   # tests/tools/warm_kernel.py (conftest puts tests/tools on sys.path)
 
@@ -98,7 +98,7 @@ def nbgrader(course: Path, *args: str, timeout: float = 120) -> str:
     proc = subprocess.Popen([PY, "-c", main, *args], cwd=course, env=course_env(course),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=stretched(timeout))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
@@ -188,7 +188,7 @@ def test_release_notebook_checks_run_worker_with_two_real_ranks(course, tmp_path
                     "IPYTHONDIR", "GRADER_LANG"):
             mp.setenv(key, env[key])
         from nbclient import NotebookClient   # here, not at collection (every xdist worker collects this file)
-        NotebookClient(nb, timeout=90, kernel_name="python3", allow_errors=True,
+        NotebookClient(nb, timeout=int(stretched(90)), kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": str(tmp_path)}}).execute()
 
     spawn = text_of(nb.cells[at])

@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 import exercise_suite as suite
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, ROOT, run_cli, stretched
 from grader.exercise import registry
 from grader.feedback.messages import render
 from grader.integrations.release import clear_solutions
@@ -117,7 +117,7 @@ def test_notebook_bench_prints_the_table_and_shows_the_plot_inline():
     """bench.notebook in a real IPython shell: the kernel's code timed, the table printed, a PNG displayed."""
     import subprocess
     proc = subprocess.run([sys.executable, "-c", INLINE_BENCH, str(FIX / "honest" / "h02_batch_isend_irecv.py")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=110,
+                          cwd=ROOT, capture_output=True, text=True, timeout=stretched(110),
                           env={**os.environ, "GRADER_LANG": "en", "NBGRADER_EXECUTION": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "busbw" in proc.stdout and "ring_all_reduce" in proc.stdout, proc.stdout

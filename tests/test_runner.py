@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, PY, ROOT
+from conftest import FIXTURES, PY, ROOT, stretched
 from grader.processes import launch
 from grader.processes.runner import Runner
 from grader.records import How, RunRequest
@@ -170,7 +170,7 @@ def test_two_gradings_at_once_with_the_same_fixed_port(tmp_path):
              for i in range(2)]
     try:
         for p in procs:
-            p.wait(timeout=80)
+            p.wait(timeout=stretched(80))
     finally:
         for p in procs:
             if p.poll() is None:

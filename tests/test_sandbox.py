@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, PY, ROOT, outcomes, run_cli
+from conftest import FIXTURES, PY, ROOT, outcomes, run_cli, stretched
 from grader.processes.limits import UID_BASE, UID_BLOCK, UID_BLOCKS, uid_range
 
 SANDBOX = FIXTURES / "sandbox"
@@ -344,7 +344,7 @@ def test_a_checkout_in_a_private_folder_under_tmp_grades_honest_code(tmp_path):
         site.chmod(0o755)
         proc = subprocess.run([PY, "-m", "grader", "check", str(SANDBOX / "lazy_library_import.py"), "--lang", "en",
                                "--time-limit", "30"],
-                              cwd=checkout, capture_output=True, text=True, timeout=50,
+                              cwd=checkout, capture_output=True, text=True, timeout=stretched(50),
                               env={**os.environ, "PYTHONPATH": f"{checkout}{os.pathsep}{site}"})
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "Score: 40 / 40" in proc.stdout
@@ -409,7 +409,7 @@ def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
                         reached.update(f"{words[1]}.{n}" for n in names
                                        if (ROOT / words[1].replace(".", "/") / f"{n}.py").exists())
     code = "import sys; from grader.processes import zygote; print(sorted(m for m in sys.modules if m.startswith('grader')))"
-    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=50)
+    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=stretched(50))
     loaded = set(eval(proc.stdout))
     assert "grader.integrations.nbcheck" in reached
     assert reached - loaded == set(), proc.stderr

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from browser import open_in_browser
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, ROOT, run_cli, stretched
 from htmltree import parse
 from switchsim import Sim
 from grader import wire
@@ -492,7 +492,7 @@ print("SHOWN", len(html), html[0].count('data-kind="op"'), 'data-world-size="2"'
 @pytest.mark.timeout(240)
 def test_a_notebook_report_shows_the_diagram_under_it():
     proc = subprocess.run([sys.executable, "-c", INLINE_REPORT, str(FIXTURES / "ring_allreduce" / "honest" / "h01_isend_irecv_pairs.py")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=230, env={**os.environ, "NBGRADER_EXECUTION": ""})
+                          cwd=ROOT, capture_output=True, text=True, timeout=stretched(230), env={**os.environ, "NBGRADER_EXECUTION": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Score: 40 / 40" in proc.stdout, proc.stdout
     assert "SHOWN 1 8 True" in proc.stdout, proc.stdout   # 2(N-1) = 2 steps of an isend and an irecv, on 2 ranks

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from conftest import PY, ROOT, run_cli
+from conftest import PY, ROOT, run_cli, stretched
 
 EXERCISE = '''
 """Toy exercise: every rank ends with rank 0's vector, sent with a broadcast."""
@@ -296,7 +296,7 @@ def test_a_new_exercise_with_its_fixtures_is_tested_without_an_edit_to_the_tests
     env["GRADER_EXERCISES"] = str(course)
     proc = subprocess.run([PY, "-m", "pytest", "-q", "-rA", "-n", "0", "-p", "no:cacheprovider", "tests/test_fixtures.py",
                            "-k", "toy_broadcast or (toy_uncovered and named_for_one_of_its_mistakes)"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=stretched(500))
     out = proc.stdout
     test = "tests/test_fixtures.py::test_"
     failed = sorted(line.split(" ", 1)[1].split(" - ")[0] for line in out.splitlines() if line.startswith("FAILED "))

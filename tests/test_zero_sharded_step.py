@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import expectations
-from conftest import FIXTURES, PY, ROOT, run_cli
+from conftest import FIXTURES, PY, ROOT, run_cli, stretched
 from exercise_suite import expected_grade_id
 from grader.exercise import registry
 from grader.feedback.messages import CATALOG, render
@@ -190,7 +190,7 @@ def test_the_first_exercise_path_is_unchanged():
     from grader import plan
     from grader.submission import static
     probe = "import sys; from grader.exercise import registry; registry.available(); print('torch' in sys.modules)"
-    assert subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout == "False\n"
+    assert subprocess.run([PY, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=stretched(60)).stdout == "False\n"
     first = registry.available()["dist_primitives"]
     assert not first.teach and not first.mistakes and first.diagnose is None
     assert plan.perturbed_ops(first) == ("all_reduce", "all_gather")
