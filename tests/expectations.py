@@ -1,12 +1,12 @@
 """Fixture submissions as data: where an exercise's fixtures live, what each one is expected to get, and the
-comparison of a grading with that expectation (docs/exercises.md, "Fixtures"). Not collected by pytest (no
-test_ prefix): tests/test_fixtures.py runs it for every exercise the registry finds.
+comparison of a grading with that expectation (docs/exercises.md, "Fixtures: what the tests check"). Not
+collected by pytest (no test_ prefix): tests/test_fixtures.py runs it for every exercise the registry finds.
 
 An exercise's fixtures are `tests/fixtures/<exercise>/{honest,mistakes,cheats}/` (or, for an exercise folder
 outside this checkout, `<its folder>/fixtures/{honest,mistakes,cheats}/`). Beside each submission
-`<stem>.py` (or `.ipynb`) its expectation is the sidecar `<stem>.toml`; an honest fixture needs none (it scores
-full marks, passes every check, names no cause). `<fixtures>/<exercise>/defaults.toml` may give the language the
-fixtures are graded in and the fixed words with digits a hidden check may show.
+`<stem>.py` (or `.ipynb`) its expectation is the sidecar `<stem>.toml`; an honest fixture needs none (it gets
+full marks, passes every check, names no cause). `<fixtures>/<exercise>/defaults.toml` may give the language
+the fixtures are graded in and the fixed words with digits a hidden check may show.
 """
 from __future__ import annotations
 
@@ -134,7 +134,8 @@ def sidecar_problems(fixture: Fixture, exercise, catalog: dict) -> list[str]:
     if fixture.kind != "honest" and score is None:
         problems.append("no score")
     if fixture.kind == "honest" and (score is not None or expect.get("outcomes") or expect.get("causes")):
-        problems.append("an honest fixture gets full marks, passes every check and names no cause: no score, outcomes or causes")
+        problems.append("an honest fixture gets full marks, passes every check and names no cause: "
+                        "no score, outcomes or causes")
     if score is not None and not (isinstance(score, (int, float)) or (isinstance(score, list) and len(score) == 2)):
         problems.append(f"score {score!r}: a number or [lowest, highest]")
     for lang in fixture.langs:
@@ -227,7 +228,8 @@ def problems(fixture: Fixture, results: dict, lang: str, exercise, render) -> li
             found.append(f"names {key}, which it must not")
     if fixture.kind == "honest":
         lines = [line.strip() for line in text.splitlines()]
-        found += [f"an honest report shows a cause: {line}" for line in lines if line.startswith(("原因：", "Cause:"))]
+        found += [f"an honest report shows a cause: {line}" for line in lines
+                  if line.startswith(("原因：", "Cause:"))]
     for say in expect.get("says", []):
         if say.get("lang", lang) != lang:
             continue

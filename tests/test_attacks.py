@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import FIXTURES, PY, ROOT, run_cli, stretched
+from conftest import FIXTURES, PY, ROOT, run_cli, slowdown, stretched
 
 LIMITS = FIXTURES / "limits"
 
@@ -24,11 +24,13 @@ PEAK = r"""
 import json, resource, sys
 from grader import plan
 from grader.exercise import registry
+from grader.processes.limits import Limits
 from grader.processes.runner import Runner
 from grader.records import RunRequest
 ex = registry.get(sys.argv[2])
 source = open(sys.argv[1], encoding="utf-8").read()
-with Runner() as runner:   # this process is the supervisor: its peak memory is the switch's
+# this process is the supervisor: its peak memory is the switch's; a run's time, stretched as the machine is slower
+with Runner(limits=Limits(wall_s=Limits.wall_s * float(sys.argv[3]))) as runner:
     runner.run_many([RunRequest(world_size=2, source="def run_worker(rank, world_size):\n    return None\n",
                                 filename="/warm.py")])
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -41,7 +43,7 @@ print(json.dumps({"stop": out.stop, "grew_mib": (after - before) / 1024, "unread
 
 
 def _supervisor_growth(fixture: str, exercise: str = "dist_primitives") -> dict:
-    proc = subprocess.run([PY, "-c", PEAK, str(LIMITS / fixture), exercise], cwd=ROOT,
+    proc = subprocess.run([PY, "-c", PEAK, str(LIMITS / fixture), exercise, str(slowdown())], cwd=ROOT,
                           capture_output=True, text=True, timeout=stretched(240))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,9 +1,10 @@
 """Every exercise the registry finds (solutions/, --exercises-dir, GRADER_EXERCISES), through its fixture
 submissions: each folder of them graded by ONE `python -m grader batch` per language, and every fixture
-compared with its sidecar (tests/expectations.py; the format: docs/exercises.md, "Fixtures"). Honest styles
-score 100 and name no cause; each mistake and cheat gets exactly the score, outcomes and causes its sidecar
-says, and shows the messages it lists; no hidden check reveals a value. Every cause an exercise declares is
-named for some mistake fixture of it, and every cause of the engine for some mistake of some exercise.
+compared with its sidecar (tests/expectations.py; the format: docs/exercises.md, "Fixtures: what the tests
+check"). Honest styles get full marks and name no cause; each mistake and cheat gets exactly the score,
+outcomes and causes its sidecar says, and shows the messages it lists; no hidden check reveals a value. Every
+cause an exercise declares is named for some mistake fixture of it, and every cause of the engine for some
+mistake of some exercise.
 
 Nothing here names an exercise: a new one with fixtures beside it is tested as it is
 (tests/test_toy_exercise.py writes one into a temporary folder and runs this file on it).

@@ -59,7 +59,7 @@ def batch_watching_workers(*args: str, timeout: float) -> tuple[subprocess.Compl
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=stretched(timeout))
     finally:
         done.set()
         watcher.join()
@@ -253,9 +253,11 @@ def test_hostile_class_through_batch(tmp_path):
     # 1280 MiB per rank (a real-backend rank of honest code peaks near 900 MiB of address space): the memory
     # toucher, which writes every page it gets, costs a third of the CPU that the default 2 GiB would. 3 s per
     # run: the endless loop (one rank spinning, the others waiting for it) and the memory toucher run until their
-    # runs' time limit (6 runs each), and an honest run beside them took up to 0.9 s in a loaded suite
-    proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2", "--time-limit", "3",
-                                           "--memory-mb", "1280", "--lang", "en", timeout=170)
+    # runs' time limit (6 runs each), and an honest run beside them took up to 0.9 s in a loaded suite (stretched
+    # as the machine is slower: the fork bomb's processes are counted before it)
+    proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2",
+                                           "--time-limit", f"{stretched(3):.1f}", "--memory-mb", "1280", "--lang", "en",
+                                           timeout=170)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = {
         "honest_a": ("pass", 100), "honest_b": ("pass", 100), "daemon_overwrite": ("pass", 100),
