@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CLI_TIMEOUT, PY, ROOT, run_cli
+from conftest import CLI_TIMEOUT, PY, ROOT, run_cli, stretched
 from grader.cli import build_parser
 from grader.integrations import release
 
@@ -74,7 +74,7 @@ def console_script() -> str:
 def run_script(*args: str) -> subprocess.CompletedProcess:
     """`.venv/bin/grader ARGS`: the console script's code, by this venv's Python, from the repository root."""
     return subprocess.run([PY, "-c", console_script(), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=CLI_TIMEOUT)
+                          timeout=stretched(CLI_TIMEOUT))
 
 
 def grader_args(words: list[str]) -> list[str] | None:
@@ -160,7 +160,8 @@ def test_a_python_without_the_dependencies_is_told_to_use_the_venv():
     in the student's language, not an import traceback."""
     hide = "import sys, runpy; sys.modules['numpy'] = None; runpy.run_module('grader', run_name='__main__')"
     for lang, words in (("en_US.UTF-8", "has no module named numpy"), ("zh_CN.UTF-8", "里没有 numpy 模块")):
-        proc = subprocess.run([PY, "-c", hide, "list"], cwd=ROOT, capture_output=True, text=True, timeout=CLI_TIMEOUT,
+        proc = subprocess.run([PY, "-c", hide, "list"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=stretched(CLI_TIMEOUT),
                               env={"PATH": "/usr/bin:/bin", "LANG": lang})
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert words in proc.stderr and ".venv/bin/python -m grader" in proc.stderr

@@ -411,7 +411,8 @@ def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
                         reached.update(f"{words[1]}.{n}" for n in names
                                        if (ROOT / words[1].replace(".", "/") / f"{n}.py").exists())
     code = "import sys; from grader.processes import zygote; print(sorted(m for m in sys.modules if m.startswith('grader')))"
-    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=stretched(50))
+    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=stretched(50))
     loaded = set(eval(proc.stdout))
     assert "grader.integrations.nbcheck" in reached
     assert reached - loaded == set(), proc.stderr
