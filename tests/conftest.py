@@ -254,11 +254,11 @@ def grade(tmp_path):
 # fixture (pytest_xdist_make_scheduler below), the largest folders first. The nbgrader round trip is the longest
 # file that cannot be cut: it starts first.
 SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_fixtures.py", "test_dist_primitives.py", "test_sandbox.py",
-                 "test_cli.py", "test_grad_accum_no_sync.py", "test_toy_exercise.py", "test_timeline.py", "test_batch.py",
-                 "test_ring_allreduce.py", "test_runner.py", "test_gradescope.py", "test_attacks.py", "test_switch.py",
-                 "test_notebook.py", "test_authoring.py", "test_zero_sharded_step.py", "test_discovery.py",
-                 "test_readme.py", "test_redteam.py", "test_classreport.py", "test_hierarchical_allreduce.py",
-                 "test_fp16_allreduce.py"]
+                 "test_cli.py", "test_grad_accum_no_sync.py", "test_toy_exercise.py", "test_timeline.py",
+                 "test_batch.py", "test_ring_allreduce.py", "test_runner.py", "test_gradescope.py", "test_attacks.py",
+                 "test_switch.py", "test_notebook.py", "test_authoring.py", "test_zero_sharded_step.py",
+                 "test_discovery.py", "test_readme.py", "test_redteam.py", "test_classreport.py",
+                 "test_hierarchical_allreduce.py", "test_fp16_allreduce.py"]
 # A module whose tests are handed out per value of their first parameter's id, up to its second "/": one
 # scope per exercise and kind of fixture (tests of a whole exercise, or of none, are scopes of their own)
 PER_PARAMETER = ("test_fixtures.py",)
