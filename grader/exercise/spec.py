@@ -102,7 +102,8 @@ class Quantity:
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
     tolerance: str | None = None
     forwards: bool = False     # ranks send on what they received (a node's sum from its leader): what a rank sends
-    #                            is then not only its own data, and is never named as "not its own data"
+    #                            is then not only its own data: never named as "not its own data", nor its own
+    #                            data left "unchanged" (the exercise's mistakes say what happened)
     where: tuple[str, int] | None = field(default=None, repr=False, compare=False)  # file and line
     _expected: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
     step: Callable | None = field(default=None, init=False, repr=False, compare=False)   # set by its Exercise

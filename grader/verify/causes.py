@@ -62,9 +62,11 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
         elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
             notes.append(Note("cause.floor_division", {**label}))
-    if same_size and used_through and quantity.local is not None and not quantity.derived and not raised \
-            and all_close(data, quantity.local_array(rank, ws), value.dtype) and not all_close(data, expected, value.dtype):
-        # (no operation at all: nothing whose result went unused)
+    if same_size and used_through and quantity.local is not None and not quantity.derived and not quantity.forwards \
+            and not raised and all_close(data, quantity.local_array(rank, ws), value.dtype) \
+            and not all_close(data, expected, value.dtype):
+        # (no operation at all: nothing whose result went unused; a rank that forwards what it received may
+        # end with its own data for other reasons: a missing broadcast, which the exercise names)
         p2p = bool(set(quantity.through) & {"send", "recv"})
         notes.append(Note("cause.unchanged_p2p" if p2p else "cause.unchanged", {**label, "op": op_name(calls[0])}))
     if same_size and used_through and not any(n.key.startswith("cause.") and n.key != "cause.reduce_op" for n in notes):

@@ -49,8 +49,8 @@ MISTAKES = (
       for op in ("reduce_scatter", "all_gather")),
     Mistake("cause.gathered_gradients", when=(Sent("all_gather", lambda r, ws: [
         MEAN(k, ws)[r * shard(ws):(r + 1) * shard(ws)] for k in range(1, STEPS + 1)], (1, "N")),)),
-    Mistake("cause.not_own_gradient", when=(NotSent("reduce_scatter", lambda r, ws: [
-        padded(local_gradient(r, k), ws) for k in range(1, STEPS + 1)], (1, "1/N")),)),
+    Mistake("cause.not_own_gradient", when=(NotSent("reduce_scatter", lambda r, ws: [   # its first P elements: the
+        local_gradient(r, k) for k in range(1, STEPS + 1)], (1, "1/N")),)),            # padding may be anything
     Mistake("cause.full_momentum", "momentum", shape=lambda ws: [P]),
     Mistake("cause.full_momentum", "momentum", shape=lambda ws: [shard(ws) * ws], ws=PAD),
     Mistake("cause.padding", "momentum", shape=lambda ws: [P // ws], ws=PAD),
