@@ -72,11 +72,8 @@ class Sent:
     scales: tuple = (1.0,)
 
 
-@dataclass(frozen=True)
-class NotSent:
-    op: str
-    own: Callable[[int, int], object]
-    scales: tuple = (1.0,)
+class NotSent(Sent):
+    """The rank's `op` calls sent something, never what Sent(op, own, scales) says."""
 
 
 @dataclass(frozen=True)

@@ -82,11 +82,11 @@ def holds(condition, rank: int, ws: int, calls: list, value, right: dict, quanti
         return any(c.op == condition.op and c.completed and not c.ok and _called_with(c, condition, ws) for c in calls)
     if isinstance(condition, Reduce):
         return any(c.op == condition.op and (c.reduce or "SUM") == condition.reduce for c in done)
-    if isinstance(condition, Sent):
-        return _sent(condition, rank, ws, done)[1]
     if isinstance(condition, NotSent):
         some, hit = _sent(condition, rank, ws, done)
         return some and not hit
+    if isinstance(condition, Sent):
+        return _sent(condition, rank, ws, done)[1]
     if isinstance(condition, NotOwn):
         if quantity is None or not isinstance(quantity.combine, Linear):
             return False
