@@ -105,7 +105,7 @@ MESSAGES = {
                                      "Cause: a shard's gradient was all-reduced: rank r's dA_r and dB_r are the gradients of its own shard of the weights, a different shard on every rank, and need no synchronisation (syncing gradients is data parallelism)."),
     "cause.partials_all_gathered": ("原因：部分输出 Z_r 是用 all_gather 收集、再在本地相加的：数值一样，但每个进程要收下另外 N-1 份（(N-1) × S 字节），而 all_reduce（SUM）在环形算法下每个进程只发送约 2(N-1)/N × S。请用 dist.all_reduce。",
                                     "Cause: the partial outputs Z_r were all-gathered and added up locally: the same numbers, but each rank receives the N-1 others ((N-1) x S bytes), where an all_reduce (SUM) sends about 2(N-1)/N x S per rank in a ring. Use dist.all_reduce."),
-    "teach.header": ("Megatron MLP 的账（{ws} 个进程）：每对（列切分、行切分）线性层只需要两次 all_reduce，每次的大小都是激活 Y（{size} 个元素）：前向一次（g），反向一次（f）；权重和它们的梯度始终分片，从不通信。",
+    "teach.header": ("Megatron 式 MLP 的账（{ws} 个进程）：每对（列切分、行切分）线性层只需要两次 all_reduce，每次的大小都是激活 Y（{size} 个元素）：前向一次（g），反向一次（f）；权重和它们的梯度始终分片，从不通信。",
                      "Megatron's MLP account ({ws} ranks): a column- and row-parallel pair of layers needs two all_reduces, each the size of the activation Y ({size} elements): one forward (g), one backward (f); the weights and their gradients stay sharded and never travel."),
     "teach.rank": ("  进程 {rank}：all_reduce 完成了 {count} 次，共发送 {bytes} 字节（每次 S = {size} 字节；环形算法每次约发送 {ring} 字节，2(N-1)/N × S）；本进程只保存 {held} 个权重梯度元素，全部是 {full} 个。",
                    "  rank {rank}: {count} all_reduce, {bytes} bytes sent (S = {size} bytes each; a ring sends about {ring} per call, 2(N-1)/N x S); this rank holds {held} of the {full} weight-gradient elements."),
