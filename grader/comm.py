@@ -178,6 +178,10 @@ PRELOAD_WITH = {
     # torch._dynamo: ~7 s in each rank of a loaded machine, where a run has 15
     "torch.distributed.tensor.parallel": ("torch._dynamo",),
     "torch.utils._python_dispatch": ("torch._dynamo",),
+    # the profiler's first profile() asks hasattr(torch, "_inductor"), which imports inductor and dynamo (~820
+    # modules, 4-8 s in each rank); torch.utils.checkpoint's first use imports dynamo
+    "torch.profiler": ("torch._inductor",),
+    "torch.utils.checkpoint": ("torch._dynamo",),
     # assert_close's first call imports DTensor (and sympy): ~520 modules, 0.6 s in each rank (past a run's
     # time limit with a few dozen ranks at once)
     "torch.testing": ("torch.distributed.tensor",),

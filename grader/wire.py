@@ -173,6 +173,8 @@ def to_bytes(array: np.ndarray, dtype: str) -> bytes:
         return np.ascontiguousarray(array, dtype="u1").tobytes()
     if fmt == "bf16":
         return to_bf16(np.asarray(array, dtype=np.float32)).tobytes()
+    if fmt == "?" and np.asarray(array).dtype != np.bool_:   # a bool SUM's bytes hold counts, as gloo leaves them
+        return np.ascontiguousarray(array, dtype="u1").tobytes()
     return np.ascontiguousarray(array, dtype=fmt).tobytes()
 
 

@@ -13,7 +13,8 @@ from grader.switch import Switch
 from grader.switch.perturb import generator
 
 NP = {"torch.float32": np.float32, "torch.float64": np.float64, "torch.int64": np.int64, "torch.int32": np.int32,
-      "torch.float16": np.float16, "torch.uint8": np.uint8, "torch.bool": np.bool_, "torch.int8": np.int8}
+      "torch.float16": np.float16, "torch.uint8": np.uint8, "torch.bool": np.bool_, "torch.int8": np.int8,
+      "torch.bfloat16": np.float32, "torch.complex64": np.complex64, "torch.complex128": np.complex128}
 
 
 def desc(array, dtype: str, blobs: list | None) -> dict:

@@ -36,7 +36,7 @@ from .values import tensor_bytes
 
 NAME = "grader"
 _TB = torch._C.TensorBase
-_copy_, _reshape, _to = _TB.copy_, _TB.reshape, _TB.to
+_copy_, _reshape, _to, _view = _TB.copy_, _TB.reshape, _TB.to, _TB.view
 _frombuffer = torch.frombuffer
 
 
@@ -225,8 +225,9 @@ def _on_frame(header, blobs) -> None:
     if entry is None:
         return
     work, student_out = entry
-    if not header.get("ok"):
-        work._landed(None, RuntimeError(str(header.get("error"))), None)
+    if not header.get("ok"):   # gloo's error, of gloo's type (ValueError for a few, else RuntimeError)
+        kind = ValueError if header.get("kind") == "ValueError" else RuntimeError
+        work._landed(None, kind(str(header.get("error"))), None)
         return
     arrays = [bytes(blobs[d["blob"]]) for d in header.get("outputs") or []]
 
@@ -237,6 +238,8 @@ def _on_frame(header, blobs) -> None:
                                tuple(dst.shape))
                 if dst.device.type != "cpu":
                     src = _to(src, dst.device)
+                if dst.dtype == torch.bool:   # its bytes as delivered: a bool SUM leaves counts in them, as gloo does
+                    dst, src = _view(dst, torch.uint8), _view(src, torch.uint8)
                 if dst.is_inference():   # written as the network would, whichever thread delivers
                     with torch.inference_mode():
                         _copy_(dst, src)
@@ -262,6 +265,9 @@ def _describe(value, blobs: list | None):
         desc = {"dtype": str(value.dtype), "shape": list(value.shape)}
         if desc["dtype"] not in wire.DTYPES:
             raise TypeError(f"the grader cannot carry tensors of dtype {value.dtype}")
+        if not _TB.is_contiguous(value):   # gloo refuses some operations on such a tensor, and adds a view's
+            desc["contiguous"] = False    # elements in the order they lie in memory (the switch decides)
+            desc["strides"] = list(_TB.stride(value))
         if blobs is not None:
             desc["blob"] = len(blobs)
             blobs.append(tensor_bytes(value))

@@ -47,7 +47,7 @@ def unreadable(err: BaseException) -> dict:
 
 def tensor_bytes(t) -> memoryview:
     """The raw bytes of a tensor (C order, on the host); the caller holds the guard."""
-    t = _TB.contiguous(_TB.detach(t))
+    t = _TB.reshape(_TB.contiguous(_TB.detach(t)), (-1,))   # flat: a memoryview cannot cast a shape with a 0
     if t.device.type != "cpu":
         t = _TB.cpu(t)
     if t.dtype in (torch.bfloat16, torch.float16):

@@ -3,10 +3,10 @@
 Each rank has one socket, to the supervisor, which feeds every frame a rank sends to the Switch of its run
 (processes/runner.py). For every operation a rank starts (an "op" frame: the method, its group, its
 options, the tensors it sends and the shapes of its output buffers) the switch
-  - checks the call alone, as gloo does at enqueue (ops.Family.check): an error goes back to that rank;
+  - checks the call alone, as gloo does (checks.py): an error, in gloo's words, goes back to that rank;
   - in a perturbed run, adds fresh secret deltas to its own copy of what the rank sent (perturb.py);
   - pairs it: a collective with the calls of the other ranks of its group with the same index on that
-    group (all of them, or it waits), checking that they fit (ops.Family.agree); a send with the first
+    group (all of them, or it waits), checking that they fit (agree.py); a send with the first
     receive posted for it (a send completes only when its receive is posted: gloo does not buffer sends);
   - computes what each rank's output buffers receive (ops.Family.run) and sends it back ("done" frames);
   - records all of it (record.Call): what was sent, what entered the operation, what was delivered and
@@ -24,8 +24,9 @@ from collections import deque
 import numpy as np
 
 from .. import comm, wire
-from . import ops, perturb
-from .record import Call
+from . import checks, ops, perturb
+from .record import Call, Piece
+from .tensors import REDUCES
 
 # Values kept per rank for verification (sizes and every record are kept beyond them): the rank's first
 # operations up to RETAIN_FIRST, then windows of its latest ones up to RETAIN_LATEST in all: RETAIN_LATEST_SMALL
@@ -128,12 +129,9 @@ class Switch:
                              f"(ranks outside the group too), unless use_local_synchronization=True")
             return
         try:
-            if call.op in ("send", "recv"):
-                ops.check_p2p(call, args, len(call.group))
-            else:
-                ops.FAMILIES[call.op].check(call, args, len(call.group))
+            checks.check(call, args, len(call.group))
         except ops.OpError as err:
-            self._fail(call, str(err))
+            self._fail(call, str(err), err.kind)
             return
         # a MAX, MIN or product is no sum of the ranks' data: no value is ever proven from it, and honest code
         # branches on it (GradScaler's found_inf, all-reduced with MAX, must stay 0 where nothing overflowed)
@@ -163,7 +161,7 @@ class Switch:
             raise ProtocolError("bad group")
         n, me = len(group), group.index(rank)
         root, peer, tag, reduce = h.get("root"), h.get("peer"), h.get("tag"), h.get("reduce")
-        if root is not None and not _int(root, 0, n):
+        if root is not None and not _int(root, -(1 << 31), 1 << 31):   # out of range: gloo's error (checks.py)
             raise ProtocolError("bad root")
         if spec.op in ("broadcast", "reduce", "gather", "scatter") and root is None:
             raise ProtocolError("rooted operation without a root")
@@ -171,7 +169,7 @@ class Switch:
             raise ProtocolError("bad peer")
         if tag is not None and not _int(tag, -(1 << 62), 1 << 62):
             raise ProtocolError("bad tag")
-        if reduce is not None and reduce not in ops.REDUCES:
+        if reduce is not None and reduce not in REDUCES:
             raise ProtocolError("bad reduce operation")
         if spec.op in ("send", "recv") and method != "recv_anysource" and peer is None:
             raise ProtocolError("point-to-point operation without a peer")
@@ -218,7 +216,11 @@ class Switch:
             values = wire.tensor(nested, blobs)
             if data and values is None:
                 raise ProtocolError("a tensor the rank sends came without its values")
-            t = ops.T(dtype, shape, numel, len(flat), values if data else None)
+            strides = nested.get("strides")
+            strides = tuple(strides) if isinstance(strides, list) and len(strides) == len(shape) and all(
+                _int(s, 0, 1 << 40) for s in strides) else None
+            t = ops.T(dtype, shape, numel, len(flat), values if data else None, nested.get("contiguous") is not False,
+                      strides)
             flat.append(t)
             return t
         if isinstance(nested, list) and depth < 2 and len(nested) <= MAX_TENSORS:
@@ -272,12 +274,12 @@ class Switch:
             family.agree(pairs, n)
         except ops.OpError as err:
             for c in calls:
-                self._fail(c, str(err))
+                self._fail(c, str(err), err.kind)
             return
         ins = [self._entered(c, args) for c, args in pairs]
         try:
             results = family.run(pairs, ins, n)
-        except (ValueError, IndexError, TypeError, ops.OpError) as err:   # shapes ops.check let through
+        except Exception as err:  # noqa: BLE001  (what the checks let through fails this call, never the supervisor)
             for c in calls:
                 self._fail(c, f"the switch could not run {calls[0].op}: {err}")
             return
@@ -321,7 +323,7 @@ class Switch:
         g_send, g_recv = send.group.index(send.rank), recv.group.index(recv.rank)
         send.partners, recv.partners = {g_recv: recv}, {g_send: send}
         recv.source = g_send
-        problem = ops.check_message((send, s_args), (recv, r_args))
+        problem = checks.check_message((send, s_args), (recv, r_args))
         if problem is not None:
             for call in (send, recv):
                 call.problem = problem[1]
@@ -330,7 +332,7 @@ class Switch:
         data = self._entered(send, s_args)[0]
         self.clock += 1
         self._deliver(send, s_args, [], [])
-        self._deliver(recv, r_args, [data.copy()], [[ops.Piece(0, data.size, ((g_send, 0, 0),))]])
+        self._deliver(recv, r_args, [data.copy()], [[Piece(0, data.size, ((g_send, 0, 0),))]])
 
     # -- frames out ---------------------------------------------------------------------------------
     def _deliver(self, call: Call, args: ops.Args, arrays: list, pieces: list, made: dict | None = None) -> None:
@@ -354,12 +356,15 @@ class Switch:
         self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": True, "source": call.source,
                                                    "outputs": descs}, blobs)))
 
-    def _fail(self, call: Call, error: str) -> None:
+    def _fail(self, call: Call, error: str, kind: str = "RuntimeError") -> None:
+        """The call ends in an error, raised on its rank as `kind` (RuntimeError, or ValueError where gloo
+        raises one)."""
         call.completed, call.ok, call.error, call.completed_at = True, False, error[:1000], self.clock
         self.args.pop((call.rank, call.seq), None)
         _forget(call)   # a failed operation proves nothing: its values are not kept (its record is)
         self._unblock(call)
-        self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": False, "error": call.error})))
+        self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": False, "error": call.error,
+                                                   "kind": kind})))
 
     def _unblock(self, call: Call) -> None:
         self.in_flight[call.rank] -= call.sent_bytes_held

@@ -112,7 +112,7 @@ class Evidence:
 
     def _prove(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
         """The tracer's proof, or for a quantity of the reference step, the step replayed against the run."""
-        dtype = _tolerance(quantity, value)
+        dtype = _trace_tolerance(quantity, value)
         if isinstance(quantity.combine, Linear):
             key = ("linear", id(run), quantity.name)
             if key not in self._proofs:
@@ -230,6 +230,13 @@ class Evidence:
         if runs.clean is not None and runs.clean.stop == Stop.GRADER_ERROR:
             return []   # the run that decides values could not be made: nothing is judged
         return out
+
+
+def _trace_tolerance(quantity: Quantity, value: Value) -> str:
+    """Tracing a value to what was delivered allows the rounding of the value's own dtype: a mean divided in
+    bfloat16 is one bfloat16 rounding away from the delivered sum / N (the value check, not the trace, holds
+    the value to float32's tolerance)."""
+    return value.dtype if value.dtype in HALF else _tolerance(quantity, value)
 
 
 def _tolerance(quantity: Quantity, value: Value) -> str:
