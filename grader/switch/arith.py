@@ -85,18 +85,20 @@ def memory_order(shape: tuple, strides: tuple | None) -> np.ndarray | None:
 
 
 def reduce_arrays(arrays: list[np.ndarray], op: str | None, dtype: str, n: int, algorithm: str = "allreduce",
-                  local: int = 1, order: np.ndarray | None = None) -> np.ndarray:
+                  local: int = 1, layout: tuple | None = None) -> np.ndarray:
     """The reduction of `arrays` (flat, each as wire.tensor gives it for `dtype`), in gloo's order: `local`
     consecutive arrays per rank (a list all_reduce) are combined on their rank first, then the ranks'
-    results along gloo's ring (`algorithm`: "allreduce" or "reduce"), over the elements in memory `order`
-    (memory_order; None: C order). Returns a new array."""
+    results along gloo's ring (`algorithm`: "allreduce" or "reduce"), over the elements in the order they lie
+    in memory in a view of this `layout` (shape, strides; None: C order). Returns a new array."""
+    op = op or "SUM"
+    kind = np.asarray(arrays[0]).dtype
+    ring = kind.kind in "fc" and len(arrays) // local >= 2 and (len(arrays) // local > 2 or op not in COMMUTATIVE)
+    order = memory_order(*layout) if layout is not None and ring else None
     if order is not None:
         total = reduce_arrays([np.asarray(a)[order] for a in arrays], op, dtype, n, algorithm, local)
         logical = np.empty_like(total)
         logical[order] = total
         return logical
-    op = op or "SUM"
-    kind = np.asarray(arrays[0]).dtype
     if dtype == "torch.bool":   # bytes, as gloo adds them
         arrays = [np.asarray(a).view(np.uint8) for a in arrays]
     elif kind.kind == "c":      # a complex sum is a sum of its real and imaginary parts, as floats

@@ -17,7 +17,7 @@ import numpy as np
 from .. import wire
 from . import agree as agreement
 from . import checks
-from .arith import memory_order, reduce_arrays
+from .arith import reduce_arrays
 from .record import Call, Piece
 from .tensors import Args, OpError, T
 
@@ -31,12 +31,12 @@ def weight_of(reduce: str | None, n: int) -> float | None:
     return 1.0 if op == "SUM" else 1.0 / n if op == "AVG" else None
 
 
-def _order(tensors: list[T]) -> np.ndarray | None:
-    """The memory order gloo's ring follows (arith.memory_order) where every rank's tensor is the same view."""
+def _layout(tensors: list[T]) -> tuple | None:
+    """The view gloo's ring follows the memory of (arith.memory_order), where every rank passes the same one."""
     first = tensors[0]
     if first.strides is None or any((t.shape, t.strides) != (first.shape, first.strides) for t in tensors[1:]):
         return None
-    return memory_order(first.shape, first.strides)
+    return first.shape, first.strides
 
 
 def _whole(array: np.ndarray, sources) -> list[Piece]:
@@ -67,7 +67,7 @@ class AllReduce(Family):
         dtype, k = args.flat_in[0].dtype, len(ins[0])
         if call.method == "allreduce":   # every tensor of every rank, reduced into every tensor
             total = reduce_arrays([a for per_rank in ins for a in per_rank], call.reduce, dtype, n, local=k,
-                                  order=_order([a.flat_in[0] for _, a in calls]) if k == 1 else None)
+                                  layout=_layout([a.flat_in[0] for _, a in calls]) if k == 1 else None)
             pieces = _whole(total, ((g, i, 0) for g in range(n) for i in range(k)))
             return [([total] * k, [pieces] * k) for _ in calls]
         # coalesced: one ring over the rank's tensors laid end to end
@@ -119,7 +119,7 @@ class ReduceScatter(Family):
         if isinstance(args.inputs, T):   # gloo: the all_reduce ring over the whole input, each rank its chunk
             m = args.outputs.numel
             total = reduce_arrays([ins[g][0] for g in range(n)], call.reduce, dtype, n,
-                                  order=_order([a.inputs for _, a in calls]))
+                                  layout=_layout([a.inputs for _, a in calls]))
             if dtype == "torch.bool":   # gloo reduces a copy and copies it back: a bool copy holds 0 or 1
                 total = total != 0
             return [([total[r * m:(r + 1) * m]], [[Piece(0, m, tuple((g, 0, r * m) for g in range(n)))]])
@@ -127,7 +127,7 @@ class ReduceScatter(Family):
         out = []   # the list form: an all_reduce ring of each rank's piece
         for r in range(n):
             part = reduce_arrays([ins[g][r] for g in range(n)], call.reduce, dtype, n,
-                                 order=_order([a.inputs[0][r] for _, a in calls]))
+                                 layout=_layout([a.inputs[0][r] for _, a in calls]))
             out.append(([part], [_whole(part, ((g, r, 0) for g in range(n)))]))
         return out
 
@@ -147,7 +147,7 @@ class Reduce(Family):
     def run(self, calls, ins, n):
         call, args = calls[0]
         total = reduce_arrays([per_rank[0] for per_rank in ins], call.reduce, args.flat_in[0].dtype, n, "reduce",
-                              order=_order([a.flat_in[0] for _, a in calls]))
+                              layout=_layout([a.flat_in[0] for _, a in calls]))
         pieces = _whole(total, ((g, 0, 0) for g in range(n)))
         return [([total], [pieces]) if g == call.root else ([], []) for g in range(n)]
 
