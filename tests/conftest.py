@@ -253,7 +253,8 @@ def grade(tmp_path):
 # off (--no-loadscope-reorder, pyproject.toml); tests/test_fixtures.py is handed out per exercise and kind of
 # fixture (pytest_xdist_make_scheduler below), the largest folders first. The nbgrader round trip is the longest
 # file that cannot be cut: it starts first.
-SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_fixtures.py", "test_dist_primitives.py", "test_sandbox.py",
+SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_fixtures.py", "test_differential.py", "test_dist_primitives.py",
+                 "test_sandbox.py",
                  "test_cli.py", "test_grad_accum_no_sync.py", "test_toy_exercise.py", "test_timeline.py",
                  "test_batch.py", "test_ring_allreduce.py", "test_runner.py", "test_gradescope.py", "test_attacks.py",
                  "test_switch.py", "test_notebook.py", "test_authoring.py", "test_zero_sharded_step.py",

@@ -132,7 +132,8 @@ def test_the_switch_delivers_and_refuses_what_gloo_does(runs, ws):
     expected = set(_listing(MATRIX, ws, select))
     assert all(set(rows) == expected for rows in ours + gloos)   # every case ran, on every rank, on both sides
     wrong = differences(ours, gloos)
-    assert not wrong, "\n".join(f"rank {rank}, {name}: switch {mine}, gloo {theirs}" for rank, name, mine, theirs in wrong)
+    assert not wrong, "\n".join(f"rank {rank}, {name}: switch {mine}, gloo {theirs}"
+                                 for rank, name, mine, theirs in wrong)
     if select == "":   # what the cases cover, at least
         errors = sum("error" in row for row in gloos[0].values())
         assert errors >= 60 and len(expected) >= 500

@@ -44,4 +44,5 @@ def test_the_profiler_runs_in_every_rank_of_a_graded_run_and_on_gloo(grade):
     """The first profile() imports inductor (hasattr(torch, "_inductor")): preloaded once by the zygote, not
     4-8 s in each rank, so the ranks finish well within their limits, the real-backend run included."""
     results, _ = grade(FOLDER / "p6_profiler_record_function.py")
-    assert results["score"] == 100, [(t["name"], t["output"][:300]) for t in results["tests"] if t["status"] != "passed"]
+    assert results["score"] == 100, [(t["name"], t["output"][:300]) for t in results["tests"]
+                                     if t["status"] != "passed"]

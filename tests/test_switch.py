@@ -68,7 +68,8 @@ def test_an_all_to_all_output_of_another_size_is_the_calls_own_error_not_a_misma
     """gloo refuses it on the rank that made it, whatever the others called."""
     sim = Sim(2, perturb=())
     sim.op(0, "alltoall", [np.ones(2), np.ones(2)], [(3,), (3,)])
-    assert sim.switch.calls[0][0].error == "ProcessGroupGloo::alltoall: input and output tensors must have the same size"
+    assert sim.switch.calls[0][0].error == \
+        "ProcessGroupGloo::alltoall: input and output tensors must have the same size"
     assert not sim.switch.calls[1]   # rank 1 made no call yet: nothing paired
 
 
@@ -97,9 +98,11 @@ def test_what_gloo_refuses_is_refused_on_the_rank_that_made_it():
     assert sim.switch.calls[0][1].error == "reduce does not support\x04on complex tensors"   # c10 prints the enum
     sim.dtype = "torch.float32"
     sim.op(0, "alltoall", [np.ones(1), np.ones(2)], [(1,), (2,)])
-    assert sim.switch.calls[0][2].error == "ProcessGroupGloo::alltoall: invalid tensor size at index 1 (expected (1), got (2))"
+    assert sim.switch.calls[0][2].error == \
+        "ProcessGroupGloo::alltoall: invalid tensor size at index 1 (expected (1), got (2))"
     header = {"t": "op", "seq": 3, "method": "send", "group": [0, 1], "peer": 1, "tag": 0,
-              "inputs": [{"dtype": "torch.float32", "shape": [2, 2], "blob": 0, "contiguous": False, "strides": [1, 2]}]}
+              "inputs": [{"dtype": "torch.float32", "shape": [2, 2], "blob": 0, "contiguous": False,
+                          "strides": [1, 2]}]}
     sim.switch.receive(0, header, [np.ones(4, np.float32).tobytes()])
     assert sim.switch.calls[0][3].error == "input tensor has to be contiguous"
     assert all(c.completed and not c.ok for c in sim.switch.calls[0])   # nothing waits: each raised on its rank

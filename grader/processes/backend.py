@@ -378,6 +378,9 @@ class GraderProcessGroup(dist.ProcessGroup):
             outputs = _describe(named.get(method.receives), None) if method.receives else None
         peer = named.get("peer")
         tag = named.get("tag")
+        if any(isinstance(v, int) and not -(1 << 31) <= v < 1 << 31 for v in (peer, tag)):   # gloo's C++ int
+            raise TypeError(f"{method_name}(): incompatible function arguments. The following argument types are "
+                            f"supported:\n    (a rank and a tag of 32 bits)")
         header = {"t": "op", "method": method_name, "group": group, "gname": str(self._group_name)[:200],
                   "root": root, "reduce": _reduce_name(opts), "peer": peer if isinstance(peer, int) else None,
                   "tag": tag if isinstance(tag, int) else (0 if method.op in ("send", "recv") else None),

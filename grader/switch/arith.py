@@ -22,6 +22,8 @@ reduced as bytes, as gloo does: a SUM leaves the number of ranks that sent True 
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..wire import round_to
@@ -35,11 +37,12 @@ def _round_up(value: int, multiple: int) -> int:
     return value if value % multiple == 0 else value + multiple - value % multiple
 
 
-def chunk_bounds(elements: int, item: int, n: int, algorithm: str = "allreduce") -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=256)
+def chunk_bounds(elements: int, item: int, n: int, algorithm: str = "allreduce") -> tuple[tuple[int, int], ...]:
     """[start, stop) of chunk c (the elements rank c reduces last), for c in 0..n-1, as gloo cuts the buffer."""
     total = elements * item
     if not total:
-        return [(0, 0)] * n
+        return ((0, 0),) * n
     if algorithm == "allreduce":
         max_segment = item * max(1, MAX_SEGMENT // item)
         segments = _round_up(max(-(-total // max_segment), 2 * n), n)
@@ -48,7 +51,7 @@ def chunk_bounds(elements: int, item: int, n: int, algorithm: str = "allreduce")
         segment = _round_up(min(-(-total // (2 * n)), item * (MAX_SEGMENT // item)), item)
         segments = _round_up(max(-(-total // segment), 2 * n), n)
     per_chunk = segments // n * (segment // item)
-    return [(min(c * per_chunk, elements), min((c + 1) * per_chunk, elements)) for c in range(n)]
+    return tuple((min(c * per_chunk, elements), min((c + 1) * per_chunk, elements)) for c in range(n))
 
 
 def _combine(op: str, floating: bool):
@@ -75,7 +78,8 @@ def memory_order(shape: tuple, strides: tuple | None) -> np.ndarray | None:
     where = np.zeros(shape, dtype=np.int64)
     for k, (size, stride) in enumerate(zip(shape, strides)):
         if size > 1:
-            where += (np.arange(size, dtype=np.int64) * stride).reshape([size if j == k else 1 for j in range(len(shape))])
+            axis = [size if j == k else 1 for j in range(len(shape))]
+            where += (np.arange(size, dtype=np.int64) * stride).reshape(axis)
     where = where.reshape(-1)
     if where.max() >= numel or np.bincount(where, minlength=numel).max() != 1:
         return None

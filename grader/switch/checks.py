@@ -254,7 +254,9 @@ def split_rows(call, args: Args, n: int) -> tuple[list[int], list[int]]:
         total = t.shape[0] if t.shape else 0
         if split:
             if len(split) != n:
-                raise OpError(f"Number of tensor splits not equal to group size")
+                raise OpError("Number of tensor splits not equal to group size")
+            if min(split) < 0:   # gloo fails on the byte offsets they make (an internal assert): named instead
+                raise OpError(f"split sizes must not be negative: {split}")
             if sum(split) != total:
                 raise OpError("Split sizes doesn't match total dim 0 size")
             rows.append(list(split))

@@ -161,7 +161,7 @@ class Switch:
             raise ProtocolError("bad group")
         n, me = len(group), group.index(rank)
         root, peer, tag, reduce = h.get("root"), h.get("peer"), h.get("tag"), h.get("reduce")
-        if root is not None and not _int(root, -(1 << 31), 1 << 31):   # out of range: gloo's error (checks.py)
+        if root is not None and not _int(root, -(1 << 63), 1 << 63):   # out of range: gloo's error (checks.py)
             raise ProtocolError("bad root")
         if spec.op in ("broadcast", "reduce", "gather", "scatter") and root is None:
             raise ProtocolError("rooted operation without a root")
@@ -174,8 +174,9 @@ class Switch:
         if spec.op in ("send", "recv") and method != "recv_anysource" and peer is None:
             raise ProtocolError("point-to-point operation without a peer")
         splits = h.get("splits")
-        if splits is not None and not (isinstance(splits, list) and len(splits) == 2 and all(
-                s is None or (isinstance(s, list) and len(s) <= n and all(_int(x, 0, 1 << 40) for x in s)) for s in splits)):
+        if splits is not None and not (isinstance(splits, list) and len(splits) == 2 and all(   # (their sense: checks)
+                s is None or (isinstance(s, list) and len(s) <= MAX_TENSORS and all(
+                    _int(x, -(1 << 40), 1 << 40) for x in s)) for s in splits)):
             raise ProtocolError("bad splits")
         sends, receives = comm.sends_on(spec, me, root), comm.receives_on(spec, me, root)
         args = ops.Args()
