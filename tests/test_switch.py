@@ -84,8 +84,12 @@ def test_a_root_out_of_range_is_gloos_error_on_every_rank_and_the_group_goes_on(
         sim = Sim(2, perturb=())
         sim.op(0, method, [np.ones(2)], [(2,)], root=2)
         assert sim.switch.calls[0][0].error == f"ProcessGroupGloo::{op}: invalid root rank: 2"
-    with pytest.raises(ProtocolError):   # no torch call makes a root past a 32-bit int
-        Switch(2).receive(0, {"t": "op", "seq": 0, "method": "broadcast", "group": [0, 1], "root": 1 << 40,
+    switch = Switch(2)   # gloo's rootRank is an int64: any of them is gloo's error, not a broken protocol
+    switch.receive(0, {"t": "op", "seq": 0, "method": "broadcast", "group": [0, 1], "root": 1 << 40,
+                       "outputs": [{"dtype": "torch.float32", "shape": [1]}]}, [])
+    assert switch.calls[0][0].error == f"ProcessGroupGloo::broadcast: invalid root rank: {1 << 40}"
+    with pytest.raises(ProtocolError):   # no torch call makes a root past an int64
+        Switch(2).receive(0, {"t": "op", "seq": 0, "method": "broadcast", "group": [0, 1], "root": 1 << 64,
                               "outputs": [{"dtype": "torch.float32", "shape": [1]}]}, [])
 
 
