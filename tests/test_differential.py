@@ -21,7 +21,7 @@ import pytest
 
 from conftest import FIXTURES
 from grader.processes.runner import Runner, RunRequest
-from grader.processes.sandbox import Limits
+from grader.processes.limits import Limits
 
 CASES = FIXTURES / "differential" / "cases.py"
 MATRIX = os.environ.get("GRADER_DIFFERENTIAL", "core")

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from conftest import FIXTURES, graded_folder, outcomes, results_of
+from grader.feedback.messages import render
 
 FOLDER = FIXTURES / "gloo_parity"
 EXPECTED = json.loads((FOLDER / "expected.json").read_text())
@@ -46,3 +47,13 @@ def test_the_profiler_runs_in_every_rank_of_a_graded_run_and_on_gloo(grade):
     results, _ = grade(FOLDER / "p6_profiler_record_function.py")
     assert results["score"] == 100, [(t["name"], t["output"][:300]) for t in results["tests"]
                                      if t["status"] != "passed"]
+
+
+@pytest.mark.timeout(300)
+def test_what_differs_between_the_ranks_calls_is_said_in_the_reports_language(tmp_path_factory):
+    """The switch's error is English, as gloo's are; a zh report words it itself, with each rank's call."""
+    graded = results_of(graded_folder(tmp_path_factory, "gloo_parity", "dist_primitives", "zh",
+                                      only=("p4_ranks_differ_in_the_reduce_op",)))
+    text = "\n".join(t["output"] for t in graded["p4_ranks_differ_in_the_reduce_op"]["tests"])
+    assert render("mismatch.reduce", {}, "zh") in text and "进程 1：all_reduce(float32(1024), op=MAX)" in text
+    assert "the ranks called" not in text

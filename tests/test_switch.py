@@ -59,7 +59,7 @@ def test_all_to_all_splits_that_do_not_match_are_named_with_each_ranks_splits():
     sim.op(0, "alltoall_base", np.ones((4, 2)), (4, 2), splits=[[2, 2], [2, 2]])
     sim.op(1, "alltoall_base", np.ones((4, 2)), (4, 2), splits=[[1, 3], [3, 1]])
     error = _errors(sim)[0]
-    assert error.startswith("the ranks called all_to_all_single with splits that do not match")
+    assert error.startswith("the ranks called all_to_all with splits that do not match")
     assert "rank 0: alltoall_base(float32(4, 2), output_splits=[2, 2], input_splits=[2, 2])" in error
     assert "rank 1: alltoall_base(float32(4, 2), output_splits=[1, 3], input_splits=[3, 1])" in error
 

@@ -25,11 +25,29 @@ def signature(call, args: Args, extra: tuple = ()) -> str:
     return f"{call.api or call.method}({', '.join(parts)})"
 
 
-def mismatch(calls: list[tuple], what: str, extras: list | None = None) -> OpError:
-    """An error for every rank: what differs, then each rank's call."""
-    listing = "; ".join(f"rank {c.rank}: {signature(c, a, extras[i] if extras else ())}"
-                        for i, (c, a) in enumerate(calls))
-    return OpError(f"the ranks called {what}: {listing}")
+# what differs -> how the error says it (the report words each in its language: catalog "mismatch.<key>")
+DIFFERS = {
+    "operations": "different operations",
+    "reduce": "{op} with different reduce operations",
+    "roots": "{op} with different roots",
+    "dtypes": "{op} with different dtypes",
+    "shapes": "{op} with different shapes",
+    "sizes": "{op} with different sizes",
+    "row_shapes": "{op} with different row shapes",
+    "some_splits": "{op} with splits on some ranks only",
+    "splits": "{op} with splits that do not match (rank r's output split j must be rank j's input split r)",
+    "tensors": "{op} with tensors that do not fit: what a rank sends another must have the dtype and shape of "
+               "that rank's output for it",
+}
+
+
+def mismatch(calls: list[tuple], differs: str, extras: list | None = None) -> OpError:
+    """An error for every rank: what differs, then each rank's call (also as data, `problem`, for the report)."""
+    listing = [(c.rank, signature(c, a, extras[i] if extras else ())) for i, (c, a) in enumerate(calls)]
+    what = DIFFERS[differs].format(op=calls[0][0].op)
+    error = OpError(f"{MISMATCH_WORDS}{what}: " + "; ".join(f"rank {r}: {call}" for r, call in listing))
+    error.problem = {"kind": "mismatch", "differs": differs, "calls": [{"rank": r, "ops": [call]} for r, call in listing]}
+    return error
 
 
 def _differs(values: list) -> bool:
@@ -42,16 +60,16 @@ def agree(calls: list[tuple], n: int, key) -> None:
     first = calls[0][0]
     forms = [c.method in _FLAT for c, _ in calls] if first.op in ("reduce_scatter", "all_to_all") else []
     if _differs([c.op for c, _ in calls]) or _differs(forms):   # (gloo's algorithms for the two forms differ)
-        raise mismatch(calls, "different operations")
+        raise mismatch(calls, "operations")
     if _differs([c.reduce or "SUM" for c, _ in calls]):
-        raise mismatch(calls, f"{first.op} with different reduce operations")
+        raise mismatch(calls, "reduce")
     if _differs([c.root for c, _ in calls]):
-        raise mismatch(calls, f"{first.op} with different roots")
+        raise mismatch(calls, "roots")
     shared = [key(c, a) for c, a in calls]
     if _differs([[t[0] for t in s] for s in shared]):
-        raise mismatch(calls, f"{first.op} with different dtypes")
+        raise mismatch(calls, "dtypes")
     if _differs(shared):
-        raise mismatch(calls, f"{first.op} with different shapes")
+        raise mismatch(calls, "shapes")
 
 
 _FLAT = ("_allgather_base", "all_gather_single", "_reduce_scatter_base", "reduce_scatter_single", "alltoall_base",
@@ -66,20 +84,18 @@ def agree_all_to_all(calls: list[tuple], n: int) -> None:
             for j in range(n):
                 a, b = calls[r][1].outputs[j], calls[j][1].inputs[r]
                 if (a.dtype, a.shape) != (b.dtype, b.shape):
-                    raise mismatch(calls, "all_to_all with tensors that do not fit: what a rank sends another must "
-                                          "have the dtype and shape of that rank's output for it")
+                    raise mismatch(calls, "tensors")
         return
     split = [c.splits is not None and any(c.splits) for c, _ in calls]
     if _differs(split):
-        raise mismatch(calls, "all_to_all_single with splits on some ranks only")
+        raise mismatch(calls, "some_splits")
     if not split[0]:   # gloo's alltoall on bytes: the same number of bytes on every rank
         if _differs([a.inputs.numel for _, a in calls]):
-            raise mismatch(calls, "all_to_all_single with different sizes")
+            raise mismatch(calls, "sizes")
         return
     if _differs([a.inputs.shape[1:] for _, a in calls]):
-        raise mismatch(calls, "all_to_all_single with different row shapes")
+        raise mismatch(calls, "row_shapes")
     rows = [split_rows(c, a, n) for c, a in calls]
     extras = [(f"output_splits={out}", f"input_splits={inp}") for out, inp in rows]
     if any(rows[r][0][j] != rows[j][1][r] for r in range(n) for j in range(n)):
-        raise mismatch(calls, "all_to_all_single with splits that do not match (rank r's output split j must be rank "
-                              "j's input split r)", extras)
+        raise mismatch(calls, "splits", extras)

@@ -275,6 +275,7 @@ class Switch:
             family.agree(pairs, n)
         except ops.OpError as err:
             for c in calls:
+                c.problem = err.problem
                 self._fail(c, str(err), err.kind)
             return
         ins = [self._entered(c, args) for c, args in pairs]

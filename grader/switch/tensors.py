@@ -32,6 +32,7 @@ class OpError(Exception):
     def __init__(self, message: str, kind: str = "RuntimeError"):
         super().__init__(message)
         self.kind = kind
+        self.problem: dict | None = None   # the facts, for the report (agree.mismatch)
 
 
 @dataclass

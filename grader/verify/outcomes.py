@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import signal
 
-from ..model import Note, Outcome
+from ..feedback.messages import render
+from ..model import Note, Outcome, Words
 from ..records import RankRecord, RunOutcome, Stop
 from ..switch.ops import MISMATCH_WORDS
 from .diagnose import at, failed_call, op_name
@@ -33,10 +34,14 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
                 return Outcome.MEMORY_LIMIT, Note("fail.memory", {"rank": r})
             if kind == "BlockingIOError" or "Resource temporarily unavailable" in message:
                 return Outcome.PROCESS_LIMIT, Note("fail.processes", {"rank": r})
-            if failed is not None and (failed.error or "").startswith(MISMATCH_WORDS) and MISMATCH_WORDS in message:
-                # the switch's own error, raised in the student's call: worded in the report's language
-                return Outcome.EXCEPTION, Note("fail.mismatch_raised", {"rank": r, "type": kind, "op": op_name(failed),
-                                                                        "frames": error_params(error)["frames"]})
+            facts = failed.problem if failed is not None else None
+            if facts and facts.get("kind") == "mismatch" and MISMATCH_WORDS in message:
+                # the switch's own error, raised in the student's call: worded in the report's language, with
+                # what differs between the ranks and each rank's call
+                return Outcome.EXCEPTION, Note("fail.mismatch_raised", {
+                    "rank": r, "type": kind, "op": op_name(failed), "calls": facts["calls"],
+                    "differs": Words(*(render(f"mismatch.{facts['differs']}", {}, lang) for lang in ("zh", "en"))),
+                    "frames": error_params(error)["frames"]})
             return Outcome.EXCEPTION, Note("fail.exception", {"rank": r, **error_params(error)})
         return None
     if record.out_of_memory:   # the rank's memory limit left the grader's code inside it no room
