@@ -20,6 +20,7 @@ class Proof:
     ok: bool
     finding: Finding | None = None
     calls: list[Call] = field(default_factory=list)    # the operations the value came through, in order
+    rounded: bool = False   # traced only within the rounding of the value's half dtype: a clean run decides the value
 
 
 def tolerance(dtype: str) -> tuple[float, float]:
