@@ -18,10 +18,11 @@ from ..records import How, RankRecord, RunOutcome, Stop
 from ..switch.perturb import perturbable
 from ..wire import HALF
 from . import outcomes
+from . import budget
 from .compare import all_close
 from .linear import LinearProof
 from .observe import RunView, Value
-from .proof import Proof
+from .proof import Finding, Proof
 from .provenance import Tracer
 from .replay import Replays
 
@@ -47,6 +48,7 @@ class Evidence:
         self.exercise, self.source = exercise, source
         self._views: dict[int, RunView] = {}
         self._proofs: dict[tuple, Proof | None] = {}
+        self.work = budget.Budget(budget.SUBMISSION_SECONDS)   # all of this submission's verification
 
     def view(self, run: RunOutcome) -> RunView:
         if id(run) not in self._views:
@@ -105,10 +107,21 @@ class Evidence:
                 # the same numbers have the same proof (a check of the final value: once for both)
                 same = (id(run), quantity.name, rank, value.dtype, value.data.tobytes())
                 if same not in self._proofs:
-                    self._proofs[same] = self._prove(run, quantity, rank, value)
+                    self._proofs[same] = self._bounded(run, quantity, rank, value)
                 proof = self._proofs[same]
         self._proofs[key] = proof
         return proof
+
+    def _bounded(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
+        """_prove within the proof's CPU budget and what is left of the submission's: past it, not proven
+        ("over_budget", with the seconds of the bound that ran out)."""
+        with budget.spending(budget.Budget(budget.PROOF_SECONDS), self.work) as scope:
+            try:
+                return self._prove(run, quantity, rank, value)
+            except budget.OverBudget as over:
+                if over.scope is not scope:
+                    raise    # an enclosing check's bound: its verdict
+                return Proof(False, Finding("over_budget", {"rank": rank, "seconds": scope.bound.seconds}))
 
     def _prove(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
         """The tracer's proof, or for a quantity of the reference step, the step replayed against the run."""

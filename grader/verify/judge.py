@@ -19,7 +19,7 @@ from ..exercise.kinds import KINDS
 from ..exercise.spec import Check, Exercise
 from ..model import CheckResult, Note, Outcome
 from ..records import RunOutcome
-from . import overrule, planning
+from . import budget, overrule, planning
 from .evidence import Evidence, WorldSizeRuns
 from .kinds import value
 
@@ -32,7 +32,16 @@ class Judge(Evidence):
         if kind is None or kind.evaluator is None:
             return CheckResult(check, Outcome.GRADER_ERROR, notes=[
                 Note("fail.grader_run", {"error": f"no evaluator for check kind {check.kind}"})])
-        return importlib.import_module(kind.evaluator).evaluate(self, check, runs)
+        with budget.spending(budget.Budget(budget.CHECK_SECONDS), self.work) as scope:
+            try:
+                return importlib.import_module(kind.evaluator).evaluate(self, check, runs)
+            except budget.OverBudget as over:
+                if over.scope is not scope:
+                    raise
+                # what the runs show could not be read within the grader's work for one check: not passed,
+                # and nothing more is said of the code (budget.py)
+                return CheckResult(check, Outcome.NOT_COLLECTIVE, notes=[
+                    Note("fail.check_over_budget", {"seconds": scope.bound.seconds})])
 
     def evaluate_value(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
         """A value check (the kinds that count for a correct answer only ask it of their quantity)."""

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..switch.perturb import perturbable
+from .budget import tick
 from .proof import Finding, Proof, tolerance
 
 HALF = ("torch.float16", "torch.bfloat16")
@@ -167,6 +168,7 @@ class LinearRun:
         out: list[np.ndarray] = []
         for size in range(1, min(len(usable), 6) + 1):
             for subset in combinations(usable, size):
+                tick()
                 columns = [self.delivered(c) for c in subset] + own_columns
                 basis = np.stack(columns, axis=1)
                 if np.linalg.matrix_rank(basis) < len(columns):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..switch import Call
+from .budget import tick
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Term:
 def _offsets(call: Call) -> list[int]:
     """Where each input tensor of a call starts in the concatenation of them all."""
     sizes = [int(d.get("numel") or 0) for d in call.inputs]
-    return [sum(sizes[:k]) for k in range(len(sizes))]
+    return np.cumsum([0] + sizes[:-1]).tolist() if sizes else []
 
 
 class RunView:
@@ -78,6 +79,58 @@ class RunView:
         return next(iter(recv.partners.values()), None) if recv.op == "recv" else None
 
     # -- what a call carried
+    def offsets(self, call: Call) -> list[int]:
+        """_offsets(call), once per call of the run (a coalesced call of thousands of tensors is asked for
+        every output it delivered)."""
+        key = ("offsets", id(call))
+        if key not in self.memo:
+            self.memo[key] = _offsets(call)
+        return self.memo[key]
+
+    def flat(self, call: Call, which: str) -> np.ndarray:
+        """What `call` sent ("sent"), or what entered it perturbed ("entered"), its tensors laid end to end as
+        float64 (a tensor not recorded left out), once per call of the run."""
+        key = (which, id(call))
+        if key not in self.memo:
+            values = call.sent_values() if which == "sent" else call.entered_values()
+            self.memo[key] = np.concatenate([v for v in values if v is not None] or [np.zeros(0)])
+        return self.memo[key]
+
+    def divisors(self, rank: int) -> list[tuple[float, float]]:
+        """Delivered elements of a summing all-reduce whose unperturbed value is the number of ranks (an
+        all-reduced count, alone or in a bucket), as (perturbed value, unperturbed value): at most 16."""
+        key = ("divisors", rank)
+        if key in self.memo:
+            return self.memo[key]
+        out = []
+        for call in self.calls[rank]:
+            if not (call.completed and call.ok and call.receives) or call.op != "all_reduce" or call.reduce not in (None, "SUM"):
+                continue
+            if not self.perturbed(call):   # delivered as sent: a count of N is the scale 1/N, which is tried anyway
+                continue
+            for k, data in enumerate(call.delivered_values()):
+                tick()
+                if len(out) >= 16:
+                    break
+                if data is None or not data.size:
+                    continue
+                terms = self.sources(call, k, np.arange(data.size))
+                if isinstance(terms, str):
+                    continue
+                clean = np.zeros(data.size)
+                for term in terms:
+                    sent = self.flat(term.call, "sent")
+                    pos = term.sent_positions
+                    if sent.size == 0 or pos.max() >= sent.size:
+                        break
+                    clean += term.weight * np.where(pos >= 0, sent[np.clip(pos, 0, None)], 0)
+                else:
+                    for j in np.flatnonzero(np.abs(clean - self.ws) < 1e-9)[:8]:
+                        if data[j] != 0:
+                            out.append((float(data[j]), float(clean[j])))
+        self.memo[key] = out[:16]
+        return self.memo[key]
+
     def perturbed(self, call: Call) -> bool:
         """Whether what `call` delivered carries deltas: some call that fed it entered perturbed."""
         return any(p.perturbed is not None for p in call.partners.values() if p.sends)
@@ -104,7 +157,7 @@ class RunView:
                 sender = call.partners.get(g)
                 if sender is None:
                     return "incomplete"
-                offsets = _offsets(sender)
+                offsets = self.offsets(sender)
                 if index >= len(offsets):
                     return "layout"
                 pos = np.full(positions.shape, -1)

@@ -25,6 +25,7 @@ from itertools import combinations
 import numpy as np
 
 from ..switch import Call
+from .budget import tick
 from .diagnose import at
 from .pool import Pool, pool
 from .proof import Finding, Proof, tolerance
@@ -33,9 +34,10 @@ from .observe import RunView
 MAX_DEPTH = 12
 MAX_TIES = 4        # equally long delivered matches tried in turn when the first cannot be explained
 # The work one proof may take: decompositions tried (one per sent vector explained: EXPLAINS_PER x N^2 at N
-# ranks) and elements compared (ELEMENTS_BASE + ELEMENTS_PER x the value's size). An honest ring of 5 ranks
-# takes 31 decompositions and 25 comparisons per element of its value (the tests' fixtures; a ring's hops
-# grow as N^2); data built so that every match ties
+# ranks, plus N per element of the value: a value made of one-element deliveries, a coalesced call of
+# thousands of scalars, explains each element's senders apart) and elements compared (ELEMENTS_BASE +
+# ELEMENTS_PER x the value's size). An honest ring of 5 ranks takes 31 decompositions and 25 comparisons per
+# element of its value (the tests' fixtures; a ring's hops grow as N^2); data built so that every match ties
 # (d01_backtracking_bomb) would take exponentially many: past the budget the value is not proven
 # ("too_complex"), in bounded time.
 EXPLAINS_PER = 16
@@ -89,7 +91,7 @@ class Tracer:
         self._alone = (weights == 1.0) & (np.count_nonzero(weights, axis=0) == 1)[None, :]
         self.explains, self.elements = 0, 0
         self.budget = ELEMENTS_BASE + ELEMENTS_PER * n
-        self.max_explains = EXPLAINS_PER * self.ws * self.ws
+        self.max_explains = EXPLAINS_PER * self.ws * self.ws + self.ws * n
         try:
             result = self._explain(rank, value, np.arange(n), 0, None)
         except _TooComplex:
@@ -178,41 +180,12 @@ class Tracer:
         n = float(self.ws)
         scales = [(1.0, 1.0), (1.0 / n, 1.0 / n), (n, n)]
         if top:
-            for d, clean in self._divisors(rank, before):
+            for d, clean in self.view.divisors(rank):
                 scales.append((1.0 / d, 1.0 / clean))
         return scales
 
-    def _divisors(self, rank: int, before: int | None) -> list[tuple[float, float]]:
-        """Delivered elements of a summing all-reduce whose unperturbed value is the number of ranks (an
-        all-reduced count, alone or in a bucket), as (perturbed value, unperturbed value)."""
-        key = ("divisors", rank, before)
-        if key in self.view.memo:
-            return self.view.memo[key]
-        out = []
-        for call in self.view.calls[rank]:
-            if not (call.completed and call.ok and call.receives) or call.op != "all_reduce" or call.reduce not in (None, "SUM"):
-                continue
-            for k, data in enumerate(call.delivered_values()):
-                if data is None or not data.size:
-                    continue
-                terms = self.view.sources(call, k, np.arange(data.size))
-                if isinstance(terms, str):
-                    continue
-                clean = np.zeros(data.size)
-                for term in terms:
-                    sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
-                    pos = term.sent_positions
-                    if sent.size == 0 or pos.max() >= sent.size:
-                        break
-                    clean += term.weight * np.where(pos >= 0, sent[np.clip(pos, 0, None)], 0)
-                else:
-                    for j in np.flatnonzero(np.abs(clean - self.ws) < 1e-9)[:8]:
-                        if data[j] != 0:
-                            out.append((float(data[j]), float(clean[j])))
-        self.view.memo[key] = out[:16]
-        return out[:16]
-
     def _spend(self, elements: int) -> None:
+        tick()
         self.elements += elements
         if self.elements > self.budget:
             raise _TooComplex
@@ -251,6 +224,7 @@ class Tracer:
         if depth > MAX_DEPTH:
             return Finding("too_deep", {"rank": rank})
         self.explains += 1
+        tick()
         if self.explains > self.max_explains:
             raise _TooComplex
         W = np.zeros((self.ws, x.size))
@@ -282,14 +256,12 @@ class Tracer:
                         continue
                     follow = shifted[t + 1] / s if t + 1 < x.size else None
                     for j, p in self._lookup(pool, usable, shifted[t] / s, follow):
-                        call, k, data = pool.entries[j]
-                        used = self.used.setdefault((call.rank, call.seq, k), np.zeros(data.size, dtype=bool))
-                        L = self._run_length(shifted, t, s, data, p, used)
+                        L, parts = self._span(pool, usable, j, p, shifted, t, s)
                         if L and (best is None or L > best[0]):
-                            best = (L, kind, (call, k, p, s, s_eff, c))
+                            best = (L, kind, (parts, s, s_eff, c))
                             ties = [best]
                         elif L and best[1] != "local" and L == best[0] and len(ties) < MAX_TIES:
-                            ties.append((L, kind, (call, k, p, s, s_eff, c)))
+                            ties.append((L, kind, (parts, s, s_eff, c)))
             if best is None or best[0] < x.size - t:
                 summed = self._sum_of_deliveries(rank, x, I, t, self._entries(rank, pool, before))
                 beat = max(best[0] if best else 0, summed[0] if summed else 0)
@@ -321,18 +293,10 @@ class Tracer:
                 continue
             first = None
             for L, kind, payload in ties or [best]:   # the first whose sender's data is explained in turn
-                call, k, p, s, s_eff, c = payload
-                mask = self.used[(call.rank, call.seq, k)]
-                mask[p:p + L] = True
-                added = call not in self.calls
-                if added:
-                    self.calls.append(call)
-                sub = self._through(call, k, np.arange(p, p + L), I[t:t + L], depth)
+                parts, s, s_eff, c = payload
+                sub = self._parts_through(parts, I[t:t + L], depth)
                 if not isinstance(sub, Finding):
                     break
-                mask[p:p + L] = False
-                if added:
-                    self.calls.remove(call)
                 first = first or sub
             else:
                 return first
@@ -341,6 +305,48 @@ class Tracer:
             W[:, t:t + L] += s_eff * sub
             t += L
         return W, None
+
+    def _span(self, pool: Pool, usable: np.ndarray, j: int, p: int, x: np.ndarray, t: int, s: float):
+        """How far x[t:] equals s * what entry j of the pool delivered from its element p on, the run going on
+        into the same call's next outputs where it reaches the end of one (a coalesced call's tensors, laid
+        end to end as it reduced them: a thousand one-element tensors are one run, not a thousand matches
+        that any chance coincidence of one value could misplace): (length, [(call, output, start, length)])."""
+        parts, L = [], 0
+        while True:
+            call, k, data = pool.entries[j]
+            used = self.used.setdefault((call.rank, call.seq, k), np.zeros(data.size, dtype=bool))
+            n = self._run_length(x, t + L, s, data, p, used)
+            if n:
+                parts.append((call, k, p, n))
+            L += n
+            if n < data.size - p or t + L >= x.size or j + 1 >= len(pool.entries) or not usable[j + 1]:
+                return L, parts
+            after, k_after, _ = pool.entries[j + 1]
+            if after is not call or k_after != k + 1:
+                return L, parts
+            j, p = j + 1, 0
+
+    def _parts_through(self, parts: list, I: np.ndarray, depth: int):
+        """The weights of every rank's own data in the delivered runs `parts` (consecutive in the value,
+        elements I of the quantity), each marked used; a Finding (nothing left marked) where one cannot be
+        explained."""
+        subs, done, added, pos = [], [], [], 0
+        for call, k, p, n in parts:
+            self.used[(call.rank, call.seq, k)][p:p + n] = True
+            done.append((call, k, p, n))
+            if call not in self.calls:
+                self.calls.append(call)
+                added.append(call)
+            sub = self._through(call, k, np.arange(p, p + n), I[pos:pos + n], depth)
+            if isinstance(sub, Finding):
+                for c, kk, pp, nn in done:
+                    self.used[(c.rank, c.seq, kk)][pp:pp + nn] = False
+                for c in added:
+                    self.calls.remove(c)
+                return sub
+            subs.append(sub)
+            pos += n
+        return np.concatenate(subs, axis=1)
 
     def _sum_of_deliveries(self, rank: int, x: np.ndarray, I: np.ndarray, t: int, entries: list):
         """x[t:] as [the rank's own data +] the sum of several delivered vectors, each aligned with x
@@ -430,7 +436,7 @@ class Tracer:
         expected = np.zeros(positions.size)
         for term in terms:
             mask = term.sent_positions >= 0
-            entered = np.concatenate([v for v in term.call.entered_values() if v is not None] or [np.zeros(0)])
+            entered = self.view.flat(term.call, "entered")
             pos = term.sent_positions[mask]
             if pos.size and pos.max() >= entered.size:
                 return Finding("unobserved", {"rank": term.rank, "op": term.call.op})
@@ -444,7 +450,7 @@ class Tracer:
             return Finding("inconsistent", {"rank": call.rank, "op": call.op, **at(call), "n": call.seq + 1})
         for term in terms:
             mask = term.sent_positions >= 0
-            sent = np.concatenate([v for v in term.call.sent_values() if v is not None] or [np.zeros(0)])
+            sent = self.view.flat(term.call, "sent")
             pos = term.sent_positions[mask]
             # A fresh "used" scope per sent vector: one delivered element counts once in the value being
             # explained, but a rank may send what it received in several operations (forwarding).

@@ -130,6 +130,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "why.incomplete": ("  不是所有进程都参加了 {op}。", "  Not every rank took part in {op}."),
     "why.layout": ("  无法确定 {op} 的输入与输出如何对应。", "  How the inputs of {op} map to its outputs could not be told."),
     "why.unobserved": ("  进程 {rank} 在 {op} 中发送的数据太大，评分器没有记录。", "  What rank {rank} sent in {op} was too large for the grader to record."),
+    "why.over_budget": ("  评分器在 {seconds:g} 秒 CPU 的工作量之内没能追溯这个值的来源。",
+                        "  The grader could not trace this value within {seconds:g} s of its CPU time."),
     "why.too_deep": ("  数据经过的转发层数太多。", "  The data went through too many hops."),
     "why.too_complex": ("  评分器无法在限定的工作量内追溯这个值的来源：数据与送达的值能以太多种方式对上。",
                         "  The grader could not trace this value within its budget: the data matches what was delivered in too many ways."),

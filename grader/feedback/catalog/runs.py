@@ -79,6 +79,17 @@ MESSAGES: dict[str, tuple[str, str]] = {
                         "Rank {rank}: {quantity} has the right numbers, but in the grader's run with changed data the sum in {ops} went past its dtype's largest value (inf), so where it came from cannot be confirmed: your sum is close to the limit (float16's largest value is 65504; past 4/5 of it is not safe). Use a smaller loss scale."),
     "fail.evidence_dropped": ("进程 {rank}：{quantity} 的数值是对的，但评分器没能保留 {ops} 传来的数据来确认它的来源：它前后的预热或计时循环用大小相近的张量反复通信，用完了评分器保存证据的预算。请减少循环的次数，或用大得多的张量（1 MB 以上）计时。",
                               "Rank {rank}: {quantity} has the right numbers, but the grader could not keep what {ops} delivered to confirm where they came from: a warm-up or timing loop around it, with tensors of about the answer's size, used up the grader's budget for evidence. Repeat the loop fewer times, or time much larger tensors (1 MB or more)."),
+    "fail.over_budget": ("进程 {rank}：{quantity} 的数值是对的，但评分器用完了确认一个值的来源所允许的工作量（{seconds:g} 秒 CPU），仍没能确认它来自 {ops} 传来的数据："
+                         "传来的数据被拆成了太多小块，或者同样的数据送达了太多次。请用少量较大的张量通信（例如先把小张量拼成一个再通信）。",
+                         "Rank {rank}: {quantity} has the right numbers, but the grader used up the work it allows for confirming where "
+                         "one value came from ({seconds:g} s of CPU) before it could trace it to what {ops} delivered: what was delivered "
+                         "came in too many small pieces, or the same data arrived too many times. Communicate fewer, larger tensors "
+                         "(say, put the small ones into one tensor before the call)."),
+    "fail.check_over_budget": ("评分器用完了这一项检查允许的工作量（{seconds:g} 秒 CPU），没能读完各次运行的记录，这一项不得分："
+                               "通信被拆成了太多小块。请用少量较大的张量通信。",
+                               "The grader used up the work it allows for this check ({seconds:g} s of CPU) before it could read "
+                               "what the runs recorded, so the check does not pass: the communication came in too many small "
+                               "pieces. Communicate fewer, larger tensors."),
     "fail.unobserved": ("进程 {rank}：无法确认 {quantity} 来自 {ops} 传来的数据。请返回它，或保存在同名变量中。",
                         "Rank {rank}: the grader could not confirm that {quantity} came from what {ops} delivered. Return it, or keep it in a variable of that name."),
     "fail.async_no_wait": ("进程 {rank}：{op} 用 async_op=True 发起后没有调用 wait()，读到的 {quantity} 不可靠（这次碰巧是对的也不算）。请先 work.wait() 再使用结果。",

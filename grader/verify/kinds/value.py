@@ -95,6 +95,9 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
         if proven and waiting is not None:
             outcome = Outcome.WRONG   # right by luck: the result of an un-waited operation may not have arrived
             notes.append(Note("fail.async_no_wait", {**label, "op": diagnose.op_name(waiting)}))
+        elif proven is False and proof is not None and proof.finding is not None and proof.finding.key == "over_budget":
+            outcome = Outcome.NOT_COLLECTIVE   # not proven within the grader's work for one value: nothing worse is known
+            notes.append(Note("fail.over_budget", {**label, "ops": _ops_text(quantity), **proof.finding.params}))
         elif proven is False and "//" in judge.source and any(
                 causes.floor_of_delivered(quantity, judge.value(p.ranks[record.rank], quantity.name)[0],
                                             p.ranks[record.rank], ws) for p in runs.perturbed):
