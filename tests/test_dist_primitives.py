@@ -96,6 +96,16 @@ def test_torch_compile_in_the_ranks_scores_every_visible_point():
     assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(240)
+def test_torch_compile_of_the_step_that_communicates_scores_every_visible_point():
+    """The collective inside the compiled function: dynamo traces it into the graph as a functional all-reduce
+    (`_c10d_functional.all_reduce` on the group by name), which the switch measures and perturbs as any
+    other; on gloo (the real-backend run) the same program gives the same values."""
+    proc = run_cli("check", str(FIXTURES / "compile" / "h51_torch_compile_step_communicates.py"), "--lang", "en",
+                   timeout=220)
+    assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_check_runs_only_visible_checks_and_sets_the_exit_code():
     proc = run_cli("check", str(FIX / "mistakes" / "m08_hardcoded_world_size.py"), "--lang", "en")
     assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout  # hard-coded 2 passes what students see
