@@ -136,9 +136,9 @@ class Switch:
         # a MAX, MIN or product is no sum of the ranks' data: no value is ever proven from it, and honest code
         # branches on it (GradScaler's found_inf, all-reduced with MAX, must stay 0 where nothing overflowed)
         if self.perturb_ops and call.sends and call.op in self.perturb_ops and call.reduce in LINEAR_REDUCES:
-            entered = [perturb.perturbed(a, t.dtype, self.rng) if a is not None else None
+            entered = [perturb.perturbed(a, t.dtype, self.rng, call) if a is not None else None
                        for a, t in zip(call.sent, args.flat_in)]
-            if any(e is not None for e in entered):   # what entered: perturbed where floating, else as sent
+            if any(e is not None for e in entered):   # what entered: perturbed where perturb.py says, else as sent
                 call.perturbed = [e if e is not None else a for e, a in zip(entered, call.sent)]
         self.args[(rank, call.seq)] = args
         if call.op in ("send", "recv"):

@@ -10,11 +10,27 @@ branches on one, GradScaler's found_inf all-reduced with MAX):
 x + c (1 + |x|), c a positive multiple of 1/256 up to 1 (of 1/8 for bfloat16, whose rounding would swallow
 smaller steps; for float16 a multiple of 1/32 from 1/8 to 1/4, so that a sum an honest float16 all-reduce
 keeps in range, up to 4/5 of float16's largest 65504, stays in range perturbed): far beyond the comparison
-tolerance of its dtype (2% for 16-bit floats), and positive, so deltas never cancel across ranks. Integer,
-bool and byte tensors travel as they were sent: they are the control data of torch itself (DDP all-gathers
-int64 parameter shapes and compares them with its own; the *_object collectives send sizes and pickles),
-which perturbing would break in honest programs, and no value is ever proven from them (a quantity is
-floating, and verification only reads perturbed elements as evidence: verify/provenance.py).
+tolerance of its dtype (2% for 16-bit floats), and positive, so deltas never cancel across ranks.
+
+Integer tensors (int32, int64) are perturbed only in an integer SUM the student's own code makes
+(`student_sum`: a summing operation called through a public torch.distributed function from the
+submission's code, not by a library on its behalf) of more than one element: counts summed over the ranks,
+then cast to float and divided, are data a value may be made of. Their deltas are whole numbers,
+ceil(c (1 + |x|)) with c as for float32 (at least 1: an integer sum cannot carry less), on tensors whose
+values stay below LIMIT, so that no perturbed sum of up to 64 ranks leaves the dtype (nor float64's exact
+integers, which verification reads them in). Everything else travels as it was sent: a one-element flag or
+count (honest code branches on an all-reduced "found" flag, or divides by an all-reduced count: the tracer
+knows a count, verify/provenance.py), bool and byte tensors, and torch's own integer traffic (DDP's
+all-gathered parameter shapes and its unused-parameter map, which its C++ reducer all-reduces on its own;
+the sizes of the *_object collectives): perturbing those would break honest programs, and no value is proven
+from data that travelled unperturbed (verification reads as evidence only elements that entered with deltas).
+
+What a rank can learn from integer deltas is what it can already learn from floating ones: a rank that
+sums a tensor of its own and compares the result with what it expects tells a perturbed run from a clean
+one either way (a two-element float32 probe does it as well as a two-element int64 one), so integer deltas
+open no new way to tell the runs apart; the deltas are fresh for every tensor and never leave the switch
+but inside the sum, and which integer tensors are perturbed depends only on what the rank itself sent and
+how it called (never on anything secret), as this text says.
 
 The switch records what entered each operation (record.Call.perturbed), so verification reads the
 deltas from the record; nothing here is secret but the generator's state, which lives in the grader.
@@ -25,10 +41,21 @@ import secrets
 
 import numpy as np
 
+from .. import comm
+
 STEPS = {"torch.float64": 256, "torch.float32": 256, "torch.float16": 32, "torch.bfloat16": 8,
          "torch.complex64": 256, "torch.complex128": 256}
 LOWEST = {"torch.float16": 4}   # c from LOWEST / STEPS (else 1 / STEPS) ...
 HIGHEST = {"torch.float16": 8}  # ... to HIGHEST / STEPS (else 1)
+# integer dtypes an integer sum of the student's own is perturbed in, each with the largest |x| perturbed: the
+# perturbed values (at most 2 |x| + 1) summed over 64 ranks stay inside int32, and inside float64's exact
+# integers for int64 (bool, uint8 and int8 wrap or saturate within a few additions: never perturbed)
+LIMIT = {"torch.int32": 1 << 23, "torch.int64": 1 << 46}
+SUMS = ("all_reduce", "reduce", "reduce_scatter")   # operations whose integer SUM may be perturbed
+# the public functions a student sums with (dist.all_reduce, dist.reduce_scatter_tensor, functional
+# all_reduce ...): the name the rank's record gives of the torch.distributed function it called through
+REDUCING_APIS = frozenset(name.rsplit(".", 1)[-1] for name, op in comm.API_NAMES.items()
+                           if op in SUMS and name.startswith("torch.distributed."))
 
 
 def generator() -> np.random.Generator:
@@ -40,15 +67,32 @@ CHUNK = 1 << 18
 
 
 def perturbable(dtype: str) -> bool:
+    """A floating dtype: perturbed in every operation that moves or sums data."""
     return dtype in STEPS
 
 
-def perturbed(values: np.ndarray, dtype: str, rng: np.random.Generator) -> np.ndarray | None:
+def student_sum(call) -> bool:
+    """An integer SUM the student's own code made: a summing operation (`SUMS`) called from the submission
+    (its frame found: `function`) through a public reducing function (`api`), not by a library on its
+    behalf (`via`: DDP's start-up; its reducer's all-reduce of the unused-parameter map comes from C++, with
+    no torch.distributed function on the way). These are the rank's words, used only to leave data as sent:
+    a rank that hides its call from them gets its integers unperturbed, and proven from nothing."""
+    return (call.op in SUMS and (call.reduce or "SUM") == "SUM" and call.function is not None
+            and call.via is None and call.api in REDUCING_APIS)
+
+
+def perturbed(values: np.ndarray, dtype: str, rng: np.random.Generator, call=None) -> np.ndarray | None:
     """`values` (as wire.tensor gives them for `dtype`) plus fresh deltas, in the same array type; None for
-    a dtype that travels unperturbed."""
+    what travels unperturbed (an integer tensor: unless `call` is the student's own integer sum and it has
+    more than one element, its values within LIMIT)."""
     from ..wire import round_to
     steps = STEPS.get(dtype)
     if steps is None:
+        if dtype in LIMIT and call is not None and values.size > 1 and student_sum(call) \
+                and float(np.max(np.abs(values.astype(np.float64)))) < LIMIT[dtype]:
+            c = rng.integers(1, STEPS["torch.float32"] + 1, size=values.shape)
+            delta = -((-c * (1 + np.abs(values.astype(np.int64)))) // STEPS["torch.float32"])   # the ceiling, >= 1
+            return (values.astype(np.int64) + delta).astype(values.dtype)
         return None
     flat = values.reshape(-1)
     out = np.empty_like(flat)

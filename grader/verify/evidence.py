@@ -206,7 +206,7 @@ class Evidence:
         """For right numbers that are not proven: "local" where the value stayed the same although everything
         its operations delivered to the rank changed (certainly computed without it); "derived" where it
         changed with that data (computed from it, though not as the exercise asks); "untraced" otherwise
-        (say, what was delivered travelled unperturbed: pickled objects, integers)."""
+        (say, what was delivered travelled unperturbed: pickled objects, integers the switch leaves as sent)."""
         follows = self.follows(runs, quantity, rank)
         if follows:
             return "derived"
@@ -223,7 +223,7 @@ class Evidence:
             c.receives and c.delivered and c.op != "barrier" and not view.perturbed(c)
             and (not perturbed.request.perturbs(c.op) or any(perturbable(d.get("dtype", "")) for d in c.delivered))
             for c in perturbed.ranks[rank].calls if c.completed and c.ok)
-        if not unperturbed and all(perturbable(d.get("dtype", "")) for c in calls if c.receives for d in c.delivered):
+        if not unperturbed and all(view.evidence(c, k) for c in calls if c.receives for k in range(len(c.delivered))):
             return "local"
         return "untraced"
 

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..switch import Call
+from ..switch.perturb import perturbable
 from .budget import tick
+
+
+def entered_perturbed(call: Call) -> bool:
+    """Every element `call` sent entered its operation with a delta (what the switch measured: the data that
+    entered differs from the data sent, everywhere)."""
+    deltas = call.deltas()
+    return deltas is not None and 0 < deltas.size == call.sent_numel and bool(np.all(deltas != 0))
 
 
 @dataclass
@@ -138,6 +146,17 @@ class RunView:
     def deltas(self, call: Call) -> np.ndarray | None:
         """What the perturbation added to what `call` sent (inputs flattened, concatenated); None: nothing."""
         return call.deltas()
+
+    def evidence(self, call: Call, out_index: int) -> bool:
+        """Whether delivered output `out_index` of `call` carries deltas a rank could not predict: a floating
+        output of a perturbed operation, or an integer one (the student's own integer sum, switch/perturb.py)
+        where every sender's data entered perturbed, each element of it (measured: what entered differs
+        from what was sent). Integers that travelled as sent prove nothing."""
+        if not self.perturbed(call) or out_index >= len(call.delivered):
+            return False
+        if perturbable(str(call.delivered[out_index].get("dtype", ""))):
+            return True
+        return all(entered_perturbed(p) for p in call.partners.values() if p.sends)
 
     def sources(self, call: Call, out_index: int, positions: np.ndarray) -> list[Term] | str:
         """What delivered elements `positions` of output `out_index` of `call` are made of, or a reason

@@ -1,14 +1,12 @@
-"""What one rank was delivered that can prove something, sorted once per run: every floating output of a
-perturbed operation it received (integers travel as sent and are never evidence), for the tracer's lookups
-(provenance.py)."""
+"""What one rank was delivered that can prove something, sorted once per run: every output of a perturbed
+operation it received that carries deltas (floating ones, and the integer sums the switch perturbs:
+RunView.evidence), for the tracer's lookups (provenance.py)."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
 
 import numpy as np
-
-from ..switch.perturb import perturbable
 
 
 @dataclass
@@ -43,8 +41,8 @@ def pool(view, rank: int) -> Pool:
         if not view.perturbed(call):
             continue
         for k, data in enumerate(call.delivered_values()):
-            # evidence is perturbed elements only: floating outputs (integers travel as sent)
-            if data is not None and data.size and perturbable(call.delivered[k].get("dtype", "")):
+            # evidence is perturbed elements only (integers that travelled as sent are not)
+            if data is not None and data.size and view.evidence(call, k):
                 entries.append((call, k, data))
     if entries:
         flat = np.concatenate([e[2] for e in entries])
