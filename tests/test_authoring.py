@@ -83,10 +83,11 @@ def test_the_kinds_are_one_table():
     with pytest.raises(DeclarationError) as raised:   # a kind's own fields, checked at load
         Check("ws2.c", "counts", 1, ("c", "c"), world_size=2)
     assert raised.value.key == "declare.needs"
-    for kind, params in (("counts", {"count": 1, "least": -1}), ("volume", {"dtypes": ["torch.float16"], "least": 2.5})):
-        with pytest.raises(DeclarationError) as raised:   # the smallest call that counts: an int >= 0
+    for kind, params in (("counts", {"count": 1, "least": 32}), ("volume", {"dtypes": ["torch.float16"], "least": 32})):
+        with pytest.raises(DeclarationError) as raised:   # a param the kind does not read (once a size threshold)
             Check("ws2.c", kind, 1, ("c", "c"), world_size=2, op="all_reduce", quantity="q", params=params)
-        assert raised.value.key == "declare.params" and raised.value.params["field"] == 'params["least"]'
+        assert raised.value.key == "declare.params" and raised.value.params["field"] == "params['least']"
+        assert "not a param of " + kind in raised.value.params["value"]
 
 
 # -- Quantity.local takes the run only when the declaration says so ---------------------------------

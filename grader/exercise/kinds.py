@@ -8,11 +8,12 @@ module beside grader/verify/kinds/value.py exposing evaluate(judge, check, runs)
     uses      at a world size, the quantities came through their operations and no forbidden operation ran
     traffic   at a world size, point-to-point exchanges form the declared pattern (params: "pattern": "ring",
               "sends", "volume" ...)
-    counts    how many times `op` completed per rank (params: "count", "per", "at_most", "least")
-    volume    the dtypes every `op` carried and the bytes a rank sent in them (params: "dtypes", "bytes", "least")
+    counts    how many times `op` completed per rank (params: "count", "per", "at_most")
+    volume    the dtypes every `op` carried and the bytes a rank sent in them (params: "dtypes", "bytes")
     groups    which ranks each operation spans, with nodes of params["node"] consecutive ranks (params: "inside")
 traffic, counts, volume and groups count for a correct answer only: they pass where the check's quantity
-passes its value check at the same world size.
+passes its value check at the same world size. Counts, volume and groups judge the operations that carried
+the quantity's elements (verify/kinds/measured.py), whatever their size.
 """
 from __future__ import annotations
 
@@ -31,14 +32,16 @@ class Kind:
     params: Callable | None = None           # params(check): raises DeclarationError on what cannot work
 
 
-def _least(check) -> None:
-    least = check.params.get("least", 0)
-    if isinstance(least, bool) or not isinstance(least, int) or least < 0:
-        raise DeclarationError("declare.params", check.where, id=check.id, field='params["least"]', value=repr(least)[:80])
+def _known(check, names: tuple[str, ...]) -> None:
+    """Params the kind does not read are a mistake of the declaration (a misspelt key would be ignored)."""
+    for key in check.params:
+        if key not in names:
+            raise DeclarationError("declare.params", check.where, id=check.id, field=f"params[{key!r}]",
+                                   value=f"(not a param of {check.kind}: {', '.join(names)})")
 
 
 def _counts(check) -> None:
-    _least(check)
+    _known(check, ("count", "per", "at_most"))
     p, where, cid = check.params, check.where, check.id
     count = p.get("count")
     if not (callable(count) or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)):
@@ -48,7 +51,7 @@ def _counts(check) -> None:
 
 
 def _volume(check) -> None:
-    _least(check)
+    _known(check, ("dtypes", "bytes"))
     p, where, cid = check.params, check.where, check.id
     allowed = p.get("dtypes")
     if not isinstance(allowed, (tuple, list)) or not allowed:
@@ -59,6 +62,7 @@ def _volume(check) -> None:
 
 
 def _groups(check) -> None:
+    _known(check, ("node", "inside"))
     p, where, cid = check.params, check.where, check.id
     node = p.get("node")
     if isinstance(node, bool) or not isinstance(node, int) or node < 1:

@@ -213,12 +213,11 @@ class Check:
          (each kind is declared in exercise/kinds.py)
          "counts":   at `world_size`, how many times `op` completed on each rank (`params`: "count", an int
                      or a function of the world size; "per": "rank" (default) or "all" ranks together;
-                     "at_most": True for a bound, not an exact count; "least": calls carrying fewer
-                     elements are not counted, such as a loss all-reduced for logging, as long as those
-                     together carry fewer than `least`)
-         "volume":   at `world_size`, the dtype every `op` carried (`params`: "dtypes", the allowed ones)
-                     and the bytes a rank sent in them: at most one `quantity`'s elements in those dtypes
-                     (or `params["bytes"](ws, elements)`); "least" as for counts
+                     "at_most": True for a bound, not an exact count); with a `quantity`, the calls that
+                     carried its elements are counted (a loss all-reduced for logging is not)
+         "volume":   at `world_size`, the dtype every `op` that carried `quantity`'s elements carried
+                     (`params`: "dtypes", the allowed ones) and the bytes a rank sent in them: at most one
+                     `quantity`'s elements in those dtypes (or `params["bytes"](ws, elements)`)
          "groups":   at `world_size`, the groups operations span, with nodes of `params["node"]`
                      consecutive ranks: the operations of `params["inside"]` each stay inside one node, and
                      an operation that crosses nodes takes one rank per node (its leader)

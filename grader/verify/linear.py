@@ -21,6 +21,7 @@ import numpy as np
 
 from ..switch.perturb import perturbable
 from .budget import tick
+from .observe import entered_perturbed
 from .proof import Finding, Proof, tolerance
 
 HALF = ("torch.float16", "torch.bfloat16")
@@ -34,6 +35,14 @@ SUBNORMAL = {"torch.float16": 2.0 ** -24, "torch.bfloat16": 2.0 ** -133, "torch.
 # cast), and the whole residual within norm x the norm of the send. Half precision: a few roundings of
 # bfloat16 (2^-8 each; float16's are 2^-11) with room to spare; float32 and wider: float32's.
 TOLERANCE = {True: (2e-2, 1e-2, 2e-2), False: (1e-4, 1e-5, 1e-4)}
+
+
+def _evidence(call) -> bool:
+    """A call whose data can explain a value: floating data, or an integer sum the switch perturbed on every
+    rank that sent into it (integers that travelled as sent are never evidence: switch/perturb.py)."""
+    if perturbable(str(call.inputs[0].get("dtype"))):
+        return True
+    return all(entered_perturbed(p) for p in (call.partners.values() or [call]) if p.sends)
 
 
 def fit(target: np.ndarray, columns: list[np.ndarray], dtype: str):
@@ -91,7 +100,7 @@ class LinearRun:
         """This rank's all-reduces of `numel` elements, buckets joined (_Buckets), in the order they ran."""
         if rank not in self._units:
             calls = [c for c in self.view.calls[rank] if c.op in self.ops and c.completed and c.ok and c.sends and c.receives
-                     and c.inputs and perturbable(str(c.inputs[0].get("dtype")))]   # integers are never evidence
+                     and c.inputs and _evidence(c)]
             units, run, size = [], [], 0
             for call in calls:
                 n = call.sent_numel
@@ -192,7 +201,8 @@ def foreign_sends(calls: list, own: list[np.ndarray], numel: int, ops=("all_redu
     """Of one rank's calls (a run's record of them, in the order they ran), the all-reduces of `numel`
     elements (buckets joined, as LinearRun joins them) whose send is not this rank's own data as fit()
     reads it: not a combination of `own` and of what its earlier such all-reduces delivered to it, or a
-    send of zeros where its own data is not. For an exercise's causes: what was measured, with no values."""
+    send of zeros where its own data is not (a send of inf or nan is its own data overflowed, not another's).
+    For an exercise's causes: what was measured, with no values."""
     calls = [c for c in calls if all(hasattr(c, name) for name in _RECORDED)]   # a run's records only
     if not calls:
         return []
@@ -206,6 +216,8 @@ def foreign_sends(calls: list, own: list[np.ndarray], numel: int, ops=("all_redu
         earlier = [run._flat(c.delivered_values()) for c in units if c.completed_at < unit.entered_at]
         earlier = [d for d in earlier if d.size == numel]
         dtype = str(unit.inputs[0].get("dtype")) if unit.inputs else ""
+        if not np.all(np.isfinite(sent)):
+            continue   # its own data overflowed in a cast (causes.sent_causes names it), not something else
         nothing = not np.any(sent) and any(np.any(v) for v in own)
         if nothing or fit(sent, list(own) + earlier, dtype) is None:
             out.append(unit.members[0] if isinstance(unit, _Buckets) else unit)
@@ -266,7 +278,7 @@ class LinearProof:
         atol, rtol = tolerance(dtype)
         target = np.full(sum(len(v) for v in self.own), float(self.linear.weight(self.ws)))
         made = [self.linear.value(self.ws, combination) for combination in self.run.values(rank, target)]
-        calls = [c for c in self.run.calls(rank) if not isinstance(c, _Buckets)]
+        calls = [m for c in self.run.calls(rank) for m in (c.members if isinstance(c, _Buckets) else [c])]
         for option in made:
             if option.size == value.size and np.all(np.abs(value - option) <= atol + rtol * np.abs(option)):
                 return Proof(True, None, calls)

@@ -105,7 +105,7 @@ def _runtime(ws, hidden):
               hidden=hidden, world_size=ws, quantity="weights", op="all_reduce"),
         Check(f"ws{ws}.volume", "volume", 10, ("all_reduce 传送 float16 / bfloat16：通信量减半（{ws} 个进程）",
               "The all_reduce carries float16 / bfloat16: half the bytes ({ws} ranks)"),
-              hidden=hidden, world_size=ws, op="all_reduce", quantity="grad", params={"dtypes": HALF, "least": NUMEL // 4}),
+              hidden=hidden, world_size=ws, op="all_reduce", quantity="grad", params={"dtypes": HALF}),
     )
 
 

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 from ...exercise.spec import Check
 from ...model import CheckResult, Note, Outcome
-from .measured import _counted, _judged
+from .measured import _judged
 
 def evaluate(judge, check: Check, runs) -> CheckResult:
-    return _judged(judge, check, runs, lambda run, complete: _counts(check, run, complete))
+    return _judged(judge, check, runs, lambda run, complete, carried: _counts(check, run, complete, carried))
 
 
-def _counts(check: Check, run, complete: set) -> CheckResult:
+def _counts(check: Check, run, complete: set, carried) -> CheckResult:
     """Too many is judged on every rank; too few only on the ranks of `complete` (those whose run shows
-    all they did: a rank stopped half-way has not yet made the calls it would have)."""
+    all they did: a rank stopped half-way has not yet made the calls it would have). What is counted: the
+    calls of `op` that carried the quantity's elements (measured.Carried), whatever their size."""
     p, n = check.params, run.request.world_size
     want = int(p["count"](n)) if callable(p["count"]) else int(p["count"])
     at_most = bool(p.get("at_most"))
-    counts = [len(_counted(rec, check)) for rec in run.ranks]
+    counts = [len(carried.calls(run, rec, check.op)) for rec in run.ranks]
     got = sum(counts) if p.get("per", "rank") == "all" else None
     details = [Note("detail.counts", {"rank": rec.rank, "op": check.op, "count": c}) for rec, c in zip(run.ranks, counts)]
 

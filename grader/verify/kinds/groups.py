@@ -8,13 +8,15 @@ from ...comm import OPS
 from ...exercise.spec import Check
 from ...model import CheckResult, Note, Outcome
 from ..diagnose import at, op_name
-from .measured import _data, _judged, _named
+from .measured import _judged, _named
 
 def evaluate(judge, check: Check, runs) -> CheckResult:
-    return _judged(judge, check, runs, lambda run, complete: _groups(judge, check, run))
+    return _judged(judge, check, runs, lambda run, complete, carried: _groups(judge, check, run, carried))
 
 
-def _groups(judge, check: Check, run) -> CheckResult:
+def _groups(judge, check: Check, run, carried) -> CheckResult:
+    """The operations that carried the quantity's elements (measured.Carried): a barrier, or a collective of
+    other data beside the answer, spans what it likes."""
     p, n = check.params, run.request.world_size
     node = int(p["node"])
     inside = set(p.get("inside") or ())
@@ -23,8 +25,8 @@ def _groups(judge, check: Check, run) -> CheckResult:
     notes, crossed = [], [0] * n
     first_send: dict[int, object] = {}   # rank -> its first send to another node
     for rec in run.ranks:
-        for call in rec.calls:
-            if not (call.completed and call.ok) or OPS.get(call.op) is None or not _data(call):
+        for call in carried.calls(run, rec):
+            if OPS.get(call.op) is None:
                 continue
             nodes = sorted({r // node for r in call.group})
             if call.op in ("send", "recv"):
@@ -53,7 +55,7 @@ def _groups(judge, check: Check, run) -> CheckResult:
     # are flat communication cut small). The ranks that exchange data across nodes, directly or through one
     # another's operations across nodes, are one per node: the leaders, or, a tensor split in parts, one set
     # of ranks per part, one rank per node in each, the sets kept apart
-    linked = [] if _named(notes, "cause.groups_flat") or _named(notes, "cause.groups_flat_p2p") else _linked(run, node)
+    linked = [] if _named(notes, "cause.groups_flat") or _named(notes, "cause.groups_flat_p2p") else _linked(run, node, carried)
     if linked:
         notes.append(Note("cause.groups_linked", {"op": linked[1].params["op"]}))   # the chain's first operation
     details = [Note("detail.groups", {"rank": r, "node": r // node, "crossed": crossed[r]}) for r in range(n)] + linked
@@ -65,13 +67,13 @@ def _groups(judge, check: Check, run) -> CheckResult:
         "leaders": [str(r) for r in leaders] or ["-"], "size": size})], details=details)
 
 
-def _crossings(run, node: int) -> list[tuple[tuple, dict]]:
+def _crossings(run, node: int, carried) -> list[tuple[tuple, dict]]:
     """Each operation that carried data across nodes, once: (its key, {global rank: that rank's call}), a
     collective with every member of its group, a point-to-point send with its sender and its peer."""
     ops: dict[tuple, dict] = {}
     for rec in run.ranks:
-        for call in rec.calls:
-            if not (call.completed and call.ok) or OPS.get(call.op) is None or not _data(call):
+        for call in carried.calls(run, rec):
+            if OPS.get(call.op) is None:
                 continue
             if call.op == "recv":
                 continue                                   # its send names the same link
@@ -89,10 +91,10 @@ def _crossings(run, node: int) -> list[tuple[tuple, dict]]:
     return list(ops.items())
 
 
-def _linked(run, node: int) -> list[Note]:
+def _linked(run, node: int, carried) -> list[Note]:
     """Two ranks of one node linked by what crossed nodes (the same set of ranks across nodes), as detail
     lines: the two ranks, then each operation along the shortest chain between them; [] when none."""
-    crossings = _crossings(run, node)
+    crossings = _crossings(run, node, carried)
     touching: dict[int, list[int]] = {}
     for i, (_, members) in enumerate(crossings):
         for r in members:

@@ -13,45 +13,119 @@ what the exercise declares (exercise/spec.py Check, its params).
 
 Every figure is the switch's, never a rank's word, and every run of the world size is judged (the clean and
 the perturbed ones: Judge.measured_runs), so code that behaves one way where values are checked and another
-where they are proven fails; too few calls count only where the run shows all a rank did. Like traffic checks, these count for a correct answer only:
-they pass when the check's quantity passes its value check at the same world size (counts: when it names one),
-so a count or a volume next to a locally computed answer earns nothing. Causes name the figures; hidden
+where they are proven fails; too few calls count only where the run shows all a rank did. What is judged is
+every operation that carried the quantity's elements, whatever its size and dtype (Carried: what the proofs
+came through), so a quantity split across calls is weighed whole, each part in the dtype it travelled in;
+an operation is left out only where it carried none of the quantity. Like traffic checks, these count for a
+correct answer only: they pass when the check's quantity passes its value check at the same world size
+(counts: when it names one), so a count or a volume next to a locally computed answer earns nothing. Causes name the figures; hidden
 checks show their value-free variants (feedback/render.HIDDEN_VARIANTS).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...exercise.spec import Check
 from ...model import CheckResult, Note, Outcome
 from ...switch.perturb import perturbable
-
-
-def _done(record, op: str) -> list:
-    """The rank's completed calls of `op` that carried data: integer, bool and byte tensors alone are torch's
-    own control data (DDP's unused-parameter map with find_unused_parameters, the sizes of the *_object
-    collectives), and a barrier carries none: not a communication the exercise counts or weighs."""
-    return [c for c in record.calls if c.op == op and c.completed and c.ok and _data(c)]
+from ..proof import tolerance
 
 
 def _data(call) -> bool:
+    """The call carried floating data (a barrier carries none; integer, bool and byte tensors alone are
+    torch's own control data where nothing proves otherwise: DDP's unused-parameter map, the sizes of the
+    *_object collectives)."""
     dtypes = call.sent_dtypes + [str(d.get("dtype")) for d in call.delivered or ()] + [str(d.get("dtype")) for d in call.outputs or ()]
     return any(perturbable(d) for d in dtypes)
 
 
-def _counted(record, check: Check) -> list:
-    """The rank's calls of `check.op` that a counts or volume check judges: those that carried data, less the
-    ones of fewer than `params["least"]` elements (a loss all-reduced for logging) while all of those
-    together carry fewer than `least` (no quantity can travel in small calls that way)."""
-    done, least = _done(record, check.op), int(check.params.get("least", 0))
-    small = [c for c in done if _elements(c) < least]
-    if small and sum(_elements(c) for c in small) < least:
-        return [c for c in done if _elements(c) >= least]
-    return done
+def _moved(call) -> bool:
+    """The call carried elements, of any dtype (sent or delivered)."""
+    return bool(call.sent_numel) or any(int(d.get("numel") or 0) for d in call.delivered or () if isinstance(d, dict))
 
 
-def _elements(call) -> int:
-    """The elements a call carried: what it sent, or (a receive only) what it was delivered."""
-    sent = call.sent_numel
-    return sent if sent else sum(int(d.get("numel") or 0) for d in call.delivered or () if isinstance(d, dict))
+def _signatures(calls) -> list[tuple[tuple, object]]:
+    """Each completed call with what tells it apart in another run of the same code: its operation and
+    group, how many of those came before it on the rank, and the sizes and dtypes it sent and was delivered."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for call in calls:
+        key = (call.op, tuple(call.group))
+        k = seen[key] = seen.get(key, -1) + 1
+        out.append(((*key, k, call.sent_numel, tuple(call.sent_dtypes),
+                     tuple((str(d.get("dtype")), int(d.get("numel") or 0)) for d in call.delivered or () if isinstance(d, dict))),
+                    call))
+    return out
+
+
+def _holds(call, own: list, ws: int) -> bool:
+    """Some floating tensor the call sent is a run of the rank's own data (1, 1/N or N times it, at any
+    offset; two elements at least, unless the data is one element): the quantity, in a call whose result
+    the value may never have read."""
+    for sent, desc in zip(call.sent_values(), call.inputs):
+        dtype = str(desc.get("dtype"))
+        if sent is None or not sent.size or not perturbable(dtype):
+            continue
+        atol, rtol = tolerance(dtype)
+        for local in own:
+            if sent.size > local.size or (sent.size < 2 and local.size > 1):
+                continue
+            for scale in (1.0, 1.0 / ws, float(ws)):
+                target = scale * local
+                starts = np.flatnonzero(np.abs(target[:local.size - sent.size + 1] - sent[0]) <= atol + rtol * np.abs(sent[0]))
+                for j in starts[:16]:
+                    if np.all(np.abs(target[j:j + sent.size] - sent) <= atol + rtol * np.abs(target[j:j + sent.size])):
+                        return True
+    return False
+
+
+class Carried:
+    """Which operations carried a quantity's elements, in each run a check of measures judges.
+
+    A perturbed run whose proofs hold on every rank knows it: the calls each proof came through (for a
+    collective, with every member's call: what the others sent into it is the quantity too; for a receive,
+    the send it got). Every other completed call of that run carried none of the quantity (a loss
+    all-reduced for logging, DDP's int32 map of unused parameters, a warm-up of other data). In another run
+    (the clean one, a run perturbing one operation) a call is left out only where its signature is one that
+    a fully proven run left out and never counted, so a call that appears in one run only (code that tells
+    the runs apart) is judged. A call no proof came through still carried the quantity where what the rank
+    sent is its own data (a collective of it whose result was never read). Where no run proved the quantity
+    on every rank (or no quantity is named), every call that carried floating data is judged."""
+
+    def __init__(self, judge, runs, quantity):
+        self.known: dict[int, set[int]] = {}     # id(run) -> ids of the calls that carried the quantity
+        counted: dict[int, set] = {}
+        left: dict[int, set] = {}
+        for run in runs.perturbed if quantity is not None else ():
+            proofs = [judge.proof(run, quantity, rec.rank) for rec in run.ranks]
+            if not proofs or not all(p is not None and p.ok for p in proofs):
+                continue
+            carried = set()
+            for proof in proofs:
+                for call in proof.calls:
+                    carried.add(id(call))
+                    carried.update(id(p) for p in call.partners.values())
+            for rec in run.ranks:
+                own = quantity.local_options(rec.rank, len(run.ranks)) if quantity.local is not None and not quantity.derived else []
+                for signature, call in _signatures([c for c in rec.calls if c.completed and c.ok]):
+                    if id(call) not in carried and _holds(call, own, len(run.ranks)):
+                        carried.add(id(call))   # its own data, in a call no proof needed (a result never read)
+                    (counted if id(call) in carried else left).setdefault(rec.rank, set()).add(signature)
+            self.known[id(run)] = carried
+        self.left = {rank: sigs - counted.get(rank, set()) for rank, sigs in left.items()}
+
+    def calls(self, run, record, op: str | None = None) -> list:
+        """The rank's completed calls (of `op`) that carried the quantity in `run`."""
+        done = [c for c in record.calls if c.completed and c.ok]
+        known = self.known.get(id(run))
+        if known is not None:
+            picked = [c for c in done if id(c) in known]
+        elif not self.known:
+            picked = [c for c in done if _data(c)]
+        else:
+            left = self.left.get(record.rank, set())
+            picked = [c for signature, c in _signatures(done) if signature not in left and _moved(c)]
+        return [c for c in picked if op is None or c.op == op]
 
 
 def _needs_value(judge, check: Check, runs) -> CheckResult | None:
@@ -66,8 +140,9 @@ def _needs_value(judge, check: Check, runs) -> CheckResult | None:
 
 
 def _judged(judge, check: Check, runs, one) -> CheckResult:
-    """`one(run, complete)` on every run of the world size (Judge.measured_runs): the first that fails
-    decides, so code that tells the runs apart fails in the run that shows it; else the first run's pass."""
+    """`one(run, complete, carried)` on every run of the world size (Judge.measured_runs): the first that
+    fails decides, so code that tells the runs apart fails in the run that shows it; else the first run's
+    pass. `carried`: which calls carried the check's quantity (Carried)."""
     quantity = judge.exercise.quantity(check.quantity) if check.quantity else None
     measured = judge.measured_runs(runs, quantity)
     if not measured:
@@ -77,7 +152,8 @@ def _judged(judge, check: Check, runs, one) -> CheckResult:
     early = _needs_value(judge, check, runs)
     if early is not None:
         return early
-    results = [one(run, complete) for run, complete in measured]
+    carried = Carried(judge, runs, quantity)
+    results = [one(run, complete, carried) for run, complete in measured]
     return next((r for r in results if not r.passed), results[0])
 
 

@@ -8,20 +8,22 @@ from ...exercise.spec import Check
 from ...model import CheckResult, Note, Outcome
 from ...wire import element_size
 from ..diagnose import at, op_name
-from .measured import _counted, _judged, _named
+from .measured import _judged, _named
 
 def evaluate(judge, check: Check, runs) -> CheckResult:
-    return _judged(judge, check, runs, lambda run, complete: _volume(judge, check, run))
+    return _judged(judge, check, runs, lambda run, complete, carried: _volume(judge, check, run, carried))
 
 
-def _volume(judge, check: Check, run) -> CheckResult:
+def _volume(judge, check: Check, run, carried) -> CheckResult:
+    """Every call of `op` that carried the quantity's elements (measured.Carried), each in the dtype it
+    travelled in: a quantity split into a float16 part and a float32 tail is weighed whole."""
     p, n = check.params, run.request.world_size
     allowed = tuple(p["dtypes"])
     elements = math.prod(judge.exercise.quantity(check.quantity).expected_shape(n))
     bound = int(p["bytes"](n, elements)) if callable(p.get("bytes")) else elements * min(element_size(d) for d in allowed)
     notes, details, most = [], [], 0
     for rec in run.ranks:
-        calls = [c for c in _counted(rec, check) if c.sends]
+        calls = [c for c in carried.calls(run, rec, check.op) if c.sends]
         sent = sum(c.sent_bytes for c in calls)
         most = max(most, sent)
         details.append(Note("detail.volume", {"rank": rec.rank, "op": check.op, "count": len(calls), "sent": sent,
