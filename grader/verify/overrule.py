@@ -70,6 +70,10 @@ def overrule_static(judge, results: list[CheckResult], runs: dict) -> None:
       - an operation the text does not show reached (DTensor's full_tensor / redistribute, getattr
         through a table of names): where every rank of a graded run completed it, called from the
         submission's code, the check passes after all;
+      - an operation the text reaches that never ran: where every rank of some run completed normally, no
+        rank of any run ever called it and nothing ran from the lines that reach it (both collectives under
+        `if world_size < 0:` beside a formula), the check fails after all; code that stops before its calls
+        (an exception, a hang) keeps its points;
       - no forbidden operation in the text, contradicted by the runs (a name built at run time, a
         group's own method): the operation ran, so the check fails after all."""
     for i, result in enumerate(results):
@@ -82,6 +86,14 @@ def overrule_static(judge, results: list[CheckResult], runs: dict) -> None:
                 "op": spec.op, "entry": judge.exercise.entry, "api": diagnose.op_name(seen), **diagnose.at(seen)})])
     for i, result in enumerate(results):
         spec = result.spec
+        lines = next((n.params.get("lines") for n in result.notes if n.key == "static.called"), None)
+        if spec.kind != "static" or not spec.op or not result.passed or not lines or \
+                _never_ran(judge, spec.op, runs, lines) is None:
+            continue
+        results[i] = CheckResult(spec, Outcome.NOT_CALLED, 0, [Note("static.never_ran", {
+            "op": spec.op, "entry": judge.exercise.entry, "lines": list(lines)})])
+    for i, result in enumerate(results):
+        spec = result.spec
         if spec.kind != "static" or not spec.forbid or not result.passed:
             continue
         used = next((c for ws_runs in runs.values() for run in ws_runs.switch_runs
@@ -90,6 +102,18 @@ def overrule_static(judge, results: list[CheckResult], runs: dict) -> None:
             results[i] = CheckResult(spec, Outcome.FORBIDDEN, 0, [
                 Note("static.forbidden_at_run", {"op": diagnose.op_name(used), **diagnose.at(used)}),
                 *causes.forbidden_words(judge.exercise, used.op, diagnose.op_name(used))])
+
+
+def _never_ran(judge, op: str, runs: dict, lines: list):
+    """A switch run where every rank completed normally, when no rank of any switch run ever called `op`
+    (completed or not) and no operation at all came from the `lines` that reach it (a module that calls it on
+    the code's behalf and ran, DDP all of whose backward passes were in no_sync() say, still reaches it);
+    None otherwise (or where no run was whole: a crash says nothing of what it skipped)."""
+    switch = [run for ws_runs in runs.values() for run in ws_runs.switch_runs if run.stop != "grader_error" and run.ranks]
+    calls = [c for run in switch for record in run.ranks for c in record.calls]
+    if any(c.op == op or (c.line in lines and not c.file) for c in calls):
+        return None
+    return next((run for run in switch if judge.whole(run)), None)
 
 
 def _completed_everywhere(op: str, runs: dict):

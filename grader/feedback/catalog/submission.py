@@ -33,6 +33,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                 "The code does not name {op}, but it ran (line {line}): an operation that is not allowed is not allowed however it is called."),
     "static.called_at_run": ("{entry} 在运行时用到了 {op}（第 {line} 行，经由 {api}）：代码里看不出这个调用，但每个进程都完成了它。",
                              "{entry} reaches {op} at run time (line {line}, through {api}): the code does not show the call, but every rank completed it."),
+    "static.never_ran": ("{entry} 里写了 {op}（第 {lines} 行），但它从未运行：每个进程都正常完成了运行，却没有一个调用过 {op}（写在一个不会执行的分支里？）。只写出来、却从不运行的调用不算。",
+                         "{entry} has {op} written (line {lines}), but it never ran: every rank completed the run normally and none ever called {op} (in a branch that is never taken?). A call that is written but never runs does not count."),
     "static.not_used": ("没有使用 {ops}。", "None of {ops} is used."),
     # --- sandbox and batch input
     "layer.uid_per_run": ("非特权用户，每次运行使用新的 uid", "unprivileged uid, a new one for every run"),
