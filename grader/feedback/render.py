@@ -21,15 +21,24 @@ HINTS = {
 KIND_HINTS = {name: kind.hint for name, kind in KINDS.items() if kind.hint}   # each kind's (exercise/kinds.py)
 NEEDS_VALUE = ("cause.kind_needs_value", "cause.traffic_needs_value")
 # What a hidden check may show of a cause: only names (of quantities and operations), never values,
-# lines or world sizes. Causes whose visible text carries values have a value-free variant.
+# lines or world sizes. Causes whose visible text carries values have a value-free variant, and so has the
+# tracer's account of an unproven value (why.*): every cause teaches in a hidden check too.
 SAFE_PARAMS = {"quantity", "op", "ops", "used", "other", "reduce", "formula"}   # used: op names; formula: "2(N-1)/N x S", never a number
 HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op": "cause.other_op_generic",
                    "cause.group_name": "cause.group_name_generic", "cause.p2p_tag": "cause.p2p_tag_generic", "cause.contribution": "cause.contribution_hidden",
                    "cause.p2p_unmatched": "cause.p2p_unmatched_generic", "cause.p2p_too_long": "cause.p2p_too_long_generic",
                    "cause.p2p_too_short": "cause.p2p_too_short_generic", "cause.p2p_dtype": "cause.p2p_dtype_generic",
+                   **{f"cause.{k}": f"cause.{k}_generic" for k in ("hardcoded_ws", "hardcoded_ws_ranks", "integer_dtype", "reduce_op",
+                                                                  "isend_not_waited", "sent_not_finite", "sent_integer",
+                                                                  "sent_reinterpreted", "carried_too_little", "wrong_root")},
                    **{f"cause.{k}": f"cause.{k}_generic" for k in ("counts_more", "counts_fewer", "counts_all",
                                                                   "volume_dtype", "volume_bytes", "groups_inside",
                                                                   "groups_flat", "groups_flat_p2p")},
+                   # the tracer's account of an unproven value (why.*), in words with no value of the run
+                   "why.contribution": "cause.contribution_hidden", "why.not_finite": "cause.not_finite",
+                   "why.not_delivered_value": "cause.not_delivered_generic",
+                   **{f"why.{k}": f"cause.{k}_generic" for k in ("contribution_derived", "weights", "not_delivered", "nonlinear",
+                                                                "inconsistent", "replay_missing", "incomplete", "unmatched")},
                    **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"
                       for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole",
                                "chunk", "dtype")}}

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 
 import numpy as np
 
-from ..exercise.spec import Case
+from ..exercise.spec import Case, Linear
 from ..model import Note, Outcome
 from ..records import How, RankRecord
 from ..switch import Call
+from ..wire import element_size
 from . import mistakes
 from .compare import all_close
 from .diagnose import at, op_name, preview
@@ -39,7 +41,9 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             break
     used_through = bool(calls)   # value patterns say something only if the value went through its operation
     delivered = [d for c in calls if c.completed and c.ok and c.receives for d in c.delivered_values() if d is not None]
-    if data is not None and data.size and not np.all(np.isfinite(data)) and \
+    sends = sent_causes(quantity, ws, record.rank, calls)
+    notes += sends
+    if data is not None and data.size and not np.all(np.isfinite(data)) and not sends and \
             any(d.size and not np.all(np.isfinite(d)) for d in delivered):
         # what the operation delivered already held inf or nan: a sum past its dtype's largest value
         notes.append(Note("cause.not_finite", {**label, "op": op_name(calls[0])}))
@@ -62,7 +66,10 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))
         elif all_close(data, np.floor(expected), value.dtype) and "//" in source:
             notes.append(Note("cause.floor_division", {**label}))
-    if same_size and used_through and quantity.local is not None and not quantity.derived and not quantity.forwards \
+    root = _wrong_root(quantity, data, ws, rank, value.dtype, calls) if same_size and used_through and not raised else None
+    if root is not None:
+        notes.append(root)
+    elif same_size and used_through and quantity.local is not None and not quantity.derived and not quantity.forwards \
             and not raised and all_close(data, quantity.local_array(rank, ws), value.dtype) \
             and not all_close(data, expected, value.dtype):
         # (no operation at all: nothing whose result went unused; a rank that forwards what it received may
@@ -87,9 +94,13 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.swapped", {**label, "other": name}))
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
+    little = carried_too_little(quantity, ws, calls) if used_through and not raised and not sends else None
+    if little is not None:
+        notes.append(little)
     notes += contribution_causes(quantity, ws, record, calls)
-    notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG,
-                             others)
+    if not sends:   # what was sent says how the numbers were lost: the exercise's values of them would not
+        notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG,
+                                 others)
     return notes
 
 
@@ -211,18 +222,46 @@ def _read_before_wait(calls: list[Call], data) -> bool:
 
 
 def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str) -> int | None:
-    """The value is what another world size k would give, and the source divides by the constant k (written
-    as a number, or a name bound to it): a constant that only equals a world size (K = 4 micro-batches, a
-    range(4)) is not said to be one."""
-    constants = _divisors(source)
+    """The value is what another world size k would give, and the source has the constant k where the world
+    size belongs: a mean divided by k (written as a number, or a name bound to it); a Linear quantity whose
+    weight is the one of k ranks, divided by the number k or by a name for the world size (`WORLD_SIZE`,
+    `ws`: not K = 4 micro-batches); a sum of the first k ranks' data, with a name for the world size bound to
+    k. A constant that only equals a world size (K = 4 micro-batches, a range(4)) is not said to be one."""
+    divisors, named = _divisors(source), _world_names(source)
     for k in range(2, 9):
-        if k == ws or k not in constants:
+        if k == ws:
             continue
-        if quantity.combine == "mean":
+        if quantity.combine == "mean" and k in divisors:
             guess = np.sum([quantity.local_array(q, ws) for q in range(ws)], axis=0) / k
-            if guess.size == data.size and all_close(data, guess, dtype):
-                return k
+        elif isinstance(quantity.combine, Linear) and k in _literal_divisors(source) | named:
+            linear = quantity.combine
+            total = np.sum([v for q in range(ws) for v in linear.vectors(q, ws)], axis=0)
+            guess = linear.value(ws, linear.weight(k) * total)
+        elif quantity.combine == "sum" and k < ws and k in named:
+            guess = np.sum([quantity.local_array(q, ws) for q in range(k)], axis=0)
+        else:
+            continue
+        if guess.size == data.size and all_close(data, guess, quantity.tolerance or dtype):
+            return k
     return None
+
+
+def hardcoded_ranks(run, source: str) -> Note | None:
+    """Ranks k and up raised, every one of them and no other, where the source binds a name for the world size
+    to k (`WORLD_SIZE = 4`): code written for k ranks, with no place for the others (an IndexError into a list
+    of node groups, say)."""
+    ws = run.request.world_size
+    raised = sorted(rec.rank for rec in run.ranks if rec.how is How.RAISE)
+    named = _world_names(source, with_names=True)
+    if not raised or raised != list(range(raised[0], ws)) or raised[0] < 2:
+        return None
+    k = raised[0]
+    name = named.get(k)
+    if name is None:
+        return None
+    error = run.ranks[k].result.error if run.ranks[k].result is not None else None
+    return Note("cause.hardcoded_ws_ranks", {"first": k, "k": k, "name": name,
+                                             "error": str((error or {}).get("type") or "?")})
 
 
 @functools.lru_cache(maxsize=16)
@@ -277,6 +316,149 @@ def _divisors_cached(source: str) -> frozenset:
 
 def _divisors(source: str) -> frozenset:
     return _divisors_cached(source)
+
+
+WORLD_NAME = re.compile(r"(?i)^(world(_?size)?|ws|n_?ranks|num_?ranks|n_?procs|nprocs|n_?gpus|ranks)$")
+
+
+@functools.lru_cache(maxsize=16)
+def _names_cached(source: str) -> tuple:
+    """(name, number) for every name a number from 2 to 63 is assigned to (module or function level)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant):
+            k = node.value.value
+            if isinstance(k, int) and not isinstance(k, bool) and 2 <= k < 64:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name):
+                        out.append((target.id, k))
+    return tuple(out)
+
+
+def _world_names(source: str, with_names: bool = False):
+    """The numbers bound to a name for the world size (`WORLD_SIZE = 4`, `ws = 2`); with_names: {number: name}."""
+    found = {k: name for name, k in _names_cached(source) if WORLD_NAME.match(name)}
+    return found if with_names else frozenset(found)
+
+
+@functools.lru_cache(maxsize=16)
+def _literal_divisors(source: str) -> frozenset:
+    """Numbers the source divides by as written (`x / 2`, `x /= 2`, `x.div(2)`), not through a name."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    found = set()
+    for node in ast.walk(tree):
+        right = node.right if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) else \
+            node.value if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)) else \
+            node.args[-1] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+            and node.func.attr in ("div", "div_", "true_divide", "true_divide_") else None
+        if isinstance(right, ast.Constant) and isinstance(right.value, (int, float)) and not isinstance(right.value, bool) \
+                and float(right.value).is_integer() and 2 <= right.value < 64:
+            found.add(int(right.value))
+    return frozenset(found)
+
+
+INTEGERS = ("torch.int8", "torch.uint8", "torch.int16", "torch.int32", "torch.int64")
+WIDER = ("torch.float32", "torch.float64")
+
+
+def _own_candidates(quantity, rank: int, ws: int) -> list[np.ndarray]:
+    """What the rank's own data for the quantity may be when it sends it: its vectors (a Linear quantity's, each
+    one, their sum and their mean), or its local data; none for a reference step's."""
+    if isinstance(quantity.combine, Linear):
+        vectors = quantity.combine.vectors(rank, ws)
+        return vectors + ([np.sum(vectors, axis=0), np.mean(vectors, axis=0)] if len(vectors) > 1 else [])
+    if quantity.local is not None and not quantity.derived:
+        return [o for o in quantity.local_options(rank, ws) if o.size]
+    return []
+
+
+def _scaled(values: np.ndarray, own: np.ndarray, dtype: str = "torch.float32") -> bool:
+    """`values` is a non-zero multiple of `own`, within the rounding of `dtype` (float32's at least)."""
+    norm = float(own @ own)
+    if values.size != own.size or not norm or not np.all(np.isfinite(values)):
+        return False
+    scale = float(values @ own) / norm
+    return scale != 0 and all_close(values, scale * own, dtype if dtype in ("torch.float16", "torch.bfloat16") else "torch.float32")
+
+
+def sent_causes(quantity, ws: int, rank: int, calls: list[Call]) -> list[Note]:
+    """What the rank sent into the quantity's operations could not carry it, each measured of the send: values
+    already inf or nan (a cast that overflowed, before any sum); the quantity's own data cast to an integer
+    dtype (its fractions cut off); its bytes sent as another dtype (a view: bit patterns summed). Each said
+    only where the send shows it (the integers are the data truncated or rounded; the bytes, read back, are the
+    data)."""
+    own = _own_candidates(quantity, rank, ws)
+    label = {"quantity": quantity.name}
+    for call in calls:
+        if not (call.sends and call.completed):
+            continue
+        for raw, values, desc in zip(call.sent, call.sent_values(), call.inputs):
+            if raw is None or values is None:
+                continue
+            dtype, numel = str(desc.get("dtype")), int(desc.get("numel") or 0)
+            values = values.reshape(-1)
+            where = {"op": op_name(call), **at(call), "dtype": dtype}
+            for data in own:
+                fractional = bool(np.any(data != np.round(data)))
+                if dtype in INTEGERS and numel == data.size and fractional and any(
+                        np.array_equal(values, f(s * data)) for s in (1.0, 1.0 / ws, float(ws))
+                        for f in (np.trunc, np.round)):
+                    return [Note("cause.sent_integer", {**label, **where})]
+                for wide in WIDER:
+                    size = element_size(wide)
+                    if numel != data.size and numel * element_size(dtype) == data.size * size and \
+                            _scaled(np.frombuffer(np.ascontiguousarray(raw).tobytes(), dtype=np.dtype(wide.split(".")[1]))
+                                    .astype(np.float64), data):
+                        return [Note("cause.sent_reinterpreted", {**label, **where, "numel": numel, "own": wide,
+                                                                  "size": data.size})]
+            # the rank's own data, scaled, where it is finite, and inf or nan elsewhere: it overflowed on the rank
+            # (bit patterns read as float16 may be inf or nan too: a view is named as one, above; an
+            # uninitialised warm-up tensor is no data of the quantity's)
+            finite = np.isfinite(values)
+            if dtype not in INTEGERS and not finite.all() and any(
+                    data.size == values.size and (not finite.any() or _scaled(values[finite], data[finite], dtype))
+                    for data in own):
+                return [Note("cause.sent_not_finite", {**label, **where})]
+    return []
+
+
+def carried_too_little(quantity, ws: int, calls: list[Call]) -> Note | None:
+    """The quantity's operations, all of them together, carried fewer elements on this rank (sent or delivered,
+    whichever is more, in each call) than the quantity holds: the rest of it never went through the
+    communication (one number all-reduced beside an answer computed on the rank; the loss all-reduced, not
+    the gradient)."""
+    size = int(np.prod(quantity.expected_shape(ws)))
+    done = [c for c in calls if c.completed and c.ok]
+    carried = sum(max(c.sent_numel, sum(int(d.get("numel") or 0) for d in c.delivered if isinstance(d, dict)))
+                  for c in done)
+    if not done or carried >= size:
+        return None
+    return Note("cause.carried_too_little", {"quantity": quantity.name, "op": op_name(done[0]), "sent": carried, "size": size})
+
+
+def _wrong_root(quantity, data: np.ndarray, ws: int, rank: int, dtype: str, calls: list[Call]) -> Note | None:
+    """A rooted quantity (combine="root") that is the data of another rank than the root and than this one (a
+    rank holding its own data may just not have used what it received): the operation came from the wrong
+    root (src)."""
+    if quantity.combine != "root" or data is None:
+        return None
+    for other in range(ws):
+        if other in (quantity.root, rank):
+            continue
+        theirs = quantity.local_array(other, ws)
+        if theirs.size == data.size and all_close(data, theirs, dtype) and \
+                not all_close(theirs, quantity.local_array(quantity.root, ws), dtype):
+            rooted = next((c for c in calls if c.op in ("broadcast", "scatter")), calls[0] if calls else None)
+            return Note("cause.wrong_root", {"quantity": quantity.name, "op": op_name(rooted), "other": other,
+                                             "root": quantity.root})
+    return None
 
 
 def floor_of_delivered(quantity, value: Value, record: RankRecord, ws: int) -> bool:

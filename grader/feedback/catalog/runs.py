@@ -6,6 +6,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     # --- passes
     "pass.value": ("通过：每个进程上的 {quantity} 都正确，并且确实来自 {ops} 传来的数据，每个进程都贡献了自己的数据。",
                    "Passed: {quantity} is right on every rank, derived from what {ops} delivered, with every rank contributing its own data."),
+    "pass.value_root": ("通过：每个进程上的 {quantity} 都正确：它是进程 {root} 的数据，确实经由 {ops} 从进程 {root} 传来。",
+                        "Passed: {quantity} is right on every rank: rank {root}'s data, derived from what {ops} delivered from rank {root}."),
     "pass.uses": ("通过：使用了 {ops}，没有使用不允许的操作。", "Passed: {ops} used, and no operation the exercise does not allow."),
     # --- why a rank failed (visible checks)
     "fail.load_error": ("进程 {rank} 加载你的代码时出错：{type}: {message}（{frames}）",
@@ -53,6 +55,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                              "Time limit: rank {rank} never finished, outside any communication (an endless loop or a wait?)."),
     "fail.timeout_real": ("超时：进程 {rank} 没有结束；它最后调用的通信操作是 {op}（第 {line} 行）。",
                           "Time limit: rank {rank} never finished; the last communication it called was {op} (line {line})."),
+    "cause.isend_not_waited_generic": ("原因：有进程从没有 wait() 过它的 isend 返回的请求。在 gloo 上，如果请求在接收方发出 recv 之前就被丢弃，这条消息永远不会送达，接收方便一直等下去。请保存请求，在接收完成后调用 req.wait()。",
+                                       "Cause: a rank never waited on the request its isend returned. On gloo a request dropped before its receiver posts the receive is never delivered, and the receiver waits for ever. Keep the request and call req.wait() once the receive is done."),
     "cause.isend_not_waited": ("原因：进程 {rank} 从没有 wait() 过它的 isend（第 {line} 行）返回的请求。在 gloo 上，如果请求在接收方发出 recv 之前就被丢弃，这条消息永远不会送达（它的缓冲区随请求一起释放），接收方便一直等下去。请保存请求（req = dist.isend(...)），在接收完成后调用 req.wait()。",
                                "Cause: rank {rank} never waited on the request its isend (line {line}) returned. On gloo, a request dropped before the receiver posts its recv is never delivered (its buffer is freed with the request), so the receiver waits forever. Keep the request (req = dist.isend(...)) and call req.wait() once the receive is done."),
     "fail.deadlock_inside": ("死锁：进程 {rank} 在第 {n} 个通信操作 {op}（第 {line} 行）里等待，但其他进程的操作永远不会与它配对。",

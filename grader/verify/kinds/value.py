@@ -24,7 +24,10 @@ def evaluate(judge, check: Check, runs: WorldSizeRuns) -> CheckResult:
     """One value check (a quantity at a world size), over every rank."""
     quantity = judge.exercise.quantity(check.quantity)
     run = runs.clean
-    passed = Note("pass.value", {"quantity": quantity.name, "ops": _ops_used(quantity, runs)})
+    ops = _ops_used(quantity, runs)
+    # a rooted quantity has one contributor: its pass names it, not "every rank contributing its own data"
+    passed = Note("pass.value_root", {"quantity": quantity.name, "ops": ops, "root": quantity.root}) \
+        if quantity.combine == "root" else Note("pass.value", {"quantity": quantity.name, "ops": ops})
     if run is None:  # skipped: the perturbed run proved every rank's value
         return CheckResult(check, Outcome.PASS, check.points, [passed])
     if run.stop == Stop.GRADER_ERROR:
@@ -45,7 +48,8 @@ def evaluate(judge, check: Check, runs: WorldSizeRuns) -> CheckResult:
     if mismatch is not None and outcome is not Outcome.NOT_COLLECTIVE:
         notes.append(mismatch)
     for cause in (diagnose.blocked_in_send(run), diagnose.blocked_in_recv(run), diagnose.unmatched_receive(run),
-                  *diagnose.p2p_mismatch(run), diagnose.group_name_conflict(run), diagnose.tag_mismatch(run)):
+                  *diagnose.p2p_mismatch(run), diagnose.group_name_conflict(run), diagnose.tag_mismatch(run),
+                  causes.hardcoded_ranks(run, judge.source)):
         if cause is not None:
             notes.append(cause)
     for op in quantity.through:
@@ -118,6 +122,7 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             how = judge.how_computed(runs, quantity, record.rank)
             notes.append(Note(NOT_COLLECTIVE_WORDS[how], {**label, "ops": _ops_text(quantity)}))
             notes.extend(_why_clean(judge, runs, proof, quantity, how))
+            notes.extend(_unproven_causes(judge, runs, quantity, record))
         elif proven is None and failure is not None:   # never observed, because the rank stopped
             outcome, note = failure
             notes.append(note)
@@ -131,6 +136,22 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             others = {q.name: judge.value(record, q.name)[0] for q in judge.exercise.quantities}
             notes.extend(causes.exercise_causes(judge.exercise, quantity, value, ws, record, outcome, others))
     return record.rank, outcome, notes, details
+
+
+def _unproven_causes(judge, runs: WorldSizeRuns, quantity: Quantity, record: RankRecord) -> list[Note]:
+    """Why right numbers are not proven, where the run shows it for certain: the quantity's operations carried
+    fewer elements on this rank than the quantity holds (one number all-reduced beside an answer computed on
+    the rank); or they delivered it data, and the value stayed exactly the same when the grader changed that
+    data (the result thrown away: a DDP step whose result was never read)."""
+    size = int(np.prod(quantity.expected_shape(runs.world_size)))
+    calls = [c for c in record.calls if c.completed and c.ok and c.op in quantity.through]
+    little = causes.carried_too_little(quantity, runs.world_size, calls)
+    if little is not None:
+        return [little]
+    received = [c for c in calls if c.receives and sum(int(d.get("numel") or 0) for d in c.delivered if isinstance(d, dict)) >= size]
+    if received and judge.follows(runs, quantity, record.rank) is False:
+        return [Note("cause.result_unused", {"quantity": quantity.name, "ops": sorted({c.op for c in received})})]
+    return []
 
 
 def _weights(judge, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> list[Note]:
