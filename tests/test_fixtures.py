@@ -37,7 +37,9 @@ NO_FIXTURE_CAN_SHOW = {"cause.traffic_none", "cause.traffic_direction", "cause.t
 # counts no exercise of the course declares: a count over all ranks together, and one that a right answer can
 # fall short of (tests/test_toy_exercise.py declares both and names them,
 # test_counts_volume_and_groups_checks_graded_end_to_end);
-NOT_IN_THE_COURSE = {"cause.counts_all", "cause.counts_fewer"}
+# A rooted quantity's wrong root: no exercise of the course declares one (combine="root"); the broadcast
+# exercise of tests/test_named_causes.py does, and names it (test_a_rooted_quantity_has_its_own_pass_words_and_wrong_root).
+NOT_IN_THE_COURSE = {"cause.counts_all", "cause.counts_fewer", "cause.wrong_root"}
 # causes only a real-backend run that runs out of time shows: each costs a time limit twice over (the run is
 # tried again with twice the time), so one fixture of its own names it, graded with a short limit in
 # tests/test_cli.py (test_an_isend_request_dropped_hangs_on_gloo_and_is_named).

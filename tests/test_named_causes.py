@@ -1,35 +1,22 @@
-"""What a check judges, and how its failures are named, in zh and en, hidden checks included:
+"""The engine's rules behind this issue's fixtures, where a fixture cannot show them alone: an integer sum of the
+student's own is evidence, while one-element flags, MAX, int8 and torch's own integers travel as sent (on
+records the real switch made: tests/switchsim.py); every cause has a value-free form a hidden check shows; a
+rooted quantity's pass words and its wrong root come from the engine, with no message of the exercise's.
 
-  - volume, counts and groups judge every operation that carried the quantity's elements, whatever its size,
-    each in the dtype it travelled in (a float16 head and a float32 tail of one gradient fail the volume);
-  - static points follow the runs (collectives written in a branch that never runs earn nothing);
-  - an integer sum of the student's own is evidence (int64 counts all-reduced, then cast and divided, earn
-    full marks), while one-element flags, MAX and torch's own integers travel as sent;
-  - every cause has a value-free form that hidden checks show, and the mechanism of each fixture below is
-    named: a constant world size, a sum divided by the node size, an integer cast, bytes viewed as another
-    dtype, a cast that overflowed before any sum, one number all-reduced beside a local answer, a DDP step
-    whose result was thrown away; a rooted quantity's own pass words and its wrong root, from the engine.
-
-The fixtures are files under tests/fixtures/<exercise>/{honest,mistakes,cheats}/, each mistake and cheat with
-its sidecar (<name>.toml: score, outcomes, the causes each check names, messages the report shows; the format
-of docs/exercises.md), graded through `python -m grader batch` in each language the sidecar lists.
+The fixtures themselves (a float16 head and a float32 tail; collectives in a dead branch; int64 counts
+all-reduced; a constant world size; a sum divided by the node size; an integer cast; bytes viewed as another
+dtype; a cast that overflowed before any sum; one number all-reduced beside a local answer; a DDP step thrown
+away ...) are graded against their sidecars, in zh and en, by tests/test_fixtures.py.
 """
 from __future__ import annotations
 
-import fnmatch
-import json
 import re
 import textwrap
 
 import numpy as np
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:   # Python 3.10: pytest's own dependency
-    import tomli as tomllib
-
-from conftest import FIXTURES, graded_folder, results_of, run_cli
+from conftest import results_of, run_cli
 from grader.exercise import registry
 from grader.feedback.messages import CATALOG, render
 from grader.feedback.render import HIDDEN_VARIANTS, hidden_safe
@@ -39,108 +26,7 @@ from grader.verify.observe import RunView
 from grader.verify.provenance import Tracer
 from switchsim import Sim
 
-# this issue's fixtures: (exercise, folder) -> names; each has a sidecar
-NEW = {
-    ("fp16_allreduce", "mistakes"): ("m15_float16_head_float32_tail", "m16_cast_to_int8", "m17_float32_bytes_as_float16",
-                                     "m18_float32_bits_as_int8", "m19_scaled_past_65504_before_the_cast",
-                                     "m20_divided_by_a_constant_2"),
-    ("grad_accum_no_sync", "mistakes"): ("m16_divided_by_a_constant_2", "m17_small_tail_all_reduced_apart",
-                                         "m18_loss_all_reduced_not_the_gradient"),
-    ("grad_accum_no_sync", "cheats"): ("c07_one_number_all_reduced_local_answer", "c08_ddp_step_thrown_away"),
-    ("hierarchical_allreduce", "mistakes"): ("m14_divided_by_the_node_size", "m15_world_size_written_as_4",
-                                             "m16_strided_node_groups"),
-    ("hierarchical_allreduce", "cheats"): ("c04_launder_the_sum_through_a_flat_all_reduce",),
-    ("dist_primitives", "honest"): ("h60_int64_counts_all_reduced", "h61_branch_on_an_all_reduced_flag"),
-    ("dist_primitives", "cheats"): ("c40_collectives_in_a_dead_branch",),
-}
-# the fixed words with digits each exercise's hidden checks may show (dtype names, the causes' own figures)
-HIDDEN_MAY_SHOW = {"fp16_allreduce": r"b?float(16|32)|1e-4|2\^-10|65504|在 1 附近|near 1", "grad_accum_no_sync": r"K - 1",
-                   "hierarchical_allreduce": r"0, 2, 4|group_src=0|dst=0|写 0 |0 works|rank 0\b|0 号进程"}
-ACCOUNT = ("why.", "fail.stopped")   # what depends on the deltas drawn or on timing: checked only where listed
 LANGS = ("zh", "en")
-for _name in registry.available():
-    registry.get(_name)   # the exercises' own messages, in the catalog
-
-
-def _sidecar(exercise: str, folder: str, name: str) -> dict:
-    path = FIXTURES / exercise / folder / f"{name}.toml"
-    return tomllib.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-
-
-def _first(table: dict, check_id: str):
-    return next((value for pattern, value in table.items() if fnmatch.fnmatchcase(check_id, pattern)), None)
-
-
-def _problems(expect: dict, results: dict, lang: str, exercise: str) -> list[str]:
-    """Every way one grading differs from its sidecar (an honest fixture: full marks, every check passed, no
-    cause); and a hidden check that shows a digit beyond the exercise's fixed words."""
-    out = []
-    extra = results["extra_data"]
-    outcomes, causes = extra["outcomes"], extra.get("causes") or {}
-    total = registry.get(exercise).total
-    score = expect.get("score", total)
-    if results["score"] != score:
-        out.append(f"score {results['score']} != {score}")
-    for check_id, outcome in outcomes.items():
-        want = _first(expect.get("outcomes", {}), check_id) or "pass"
-        if not (outcome == want or (want == "not pass" and outcome != "pass")):
-            out.append(f"{check_id}: {outcome} != {want}")
-        named = {c["key"] for c in causes.get(check_id, [])}
-        listed = set(_first(expect.get("causes", {}), check_id) or [])
-        if outcome == "pass" and not listed:
-            continue
-        if expect.get("causes_exact", True):
-            seen = {k for k in named if not k.startswith(ACCOUNT) or k in listed}
-            if seen != listed:
-                out.append(f"{check_id} names {sorted(named)}, not {sorted(listed)}")
-        elif not listed <= named:
-            out.append(f"{check_id} names {sorted(named)}, without {sorted(listed - named)}")
-    tests = {check_id: test for check_id, test in zip(outcomes, results["tests"])}
-    for say in expect.get("says", []):
-        text = render(say["key"], say.get("params", {}), lang)
-        where = tests[say["check"]]["output"] if "check" in say else json.dumps(results, ensure_ascii=False)
-        if (text in where) == bool(say.get("absent")):
-            out.append(f"{say.get('check', 'the report')} {'shows' if say.get('absent') else 'lacks'}: {text}")
-    allowed = HIDDEN_MAY_SHOW.get(exercise, "")
-    for test in results["tests"]:
-        if test["visibility"] == "after_published":
-            shown = re.sub(r"隐藏测试 \d|Hidden check \d" + (f"|{allowed}" if allowed else ""), "", test["name"] + test["output"])
-            if re.search(r"\d", shown):
-                out.append(f"a hidden check shows a digit: {test['output']}")
-    if "Traceback" in json.dumps(results):
-        out.append("a traceback")
-    return out
-
-
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory) -> dict:
-    """{(exercise, folder, name, lang): results.json}: one batch per exercise, folder and language, over this
-    issue's fixtures only."""
-    out = {}
-    for (exercise, folder), names in NEW.items():
-        for lang in LANGS:
-            found = results_of(graded_folder(tmp_path_factory, f"{exercise}/{folder}", exercise, lang, only=names))
-            out.update({(exercise, folder, name, lang): found[name] for name in names})
-    return out
-
-
-CASES = [(exercise, folder, name, lang) for (exercise, folder), names in NEW.items() for name in names for lang in LANGS]
-
-
-def test_every_fixture_of_the_issue_has_its_sidecar():
-    for (exercise, folder), names in NEW.items():
-        for name in names:
-            assert (FIXTURES / exercise / folder / f"{name}.py").exists(), name
-            assert folder == "honest" or (FIXTURES / exercise / folder / f"{name}.toml").exists(), name
-            langs = _sidecar(exercise, folder, name).get("lang", list(LANGS))
-            assert sorted(langs) == sorted(LANGS), name   # asserted in both languages
-
-
-@pytest.mark.timeout(1500)
-@pytest.mark.parametrize("exercise,folder,name,lang", CASES, ids=[f"{c[2]}-{c[3]}" for c in CASES])
-def test_the_fixture_gets_what_its_sidecar_says(graded, exercise, folder, name, lang):
-    expect = _sidecar(exercise, folder, name)
-    assert _problems(expect, graded[(exercise, folder, name, lang)], lang, exercise) == []
 
 
 # -- an integer sum of the student's own is evidence; torch's own integers and flags travel as sent ---------
@@ -196,6 +82,7 @@ LIMITS = {"why.layout", "why.too_complex", "why.too_deep", "why.unobserved"}
 
 
 def test_every_cause_has_a_form_a_hidden_check_shows():
+    registry.available()   # the exercises' own causes, in the catalog
     missing = [key for key in CATALOG if (".cause." in f".{key}" or key.startswith("why.")) and key not in LIMITS
                and not hidden_safe(HIDDEN_VARIANTS.get(key, key))]
     assert missing == []

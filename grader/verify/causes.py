@@ -77,7 +77,8 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
         p2p = bool(set(quantity.through) & {"send", "recv"})
         notes.append(Note("cause.unchanged_p2p" if p2p else "cause.unchanged", {**label, "op": op_name(calls[0])}))
     if same_size and used_through and not any(n.key.startswith("cause.") and n.key != "cause.reduce_op" for n in notes):
-        k = _hardcoded(quantity, data, ws, value.dtype, source)
+        given = frozenset(name for name in exercise.defines if name != exercise.entry) if exercise is not None else frozenset()
+        k = _hardcoded(quantity, data, ws, value.dtype, source, given)
         if k is not None:
             notes.append(Note("cause.hardcoded_ws", {**label, "k": k}))
     if data is not None and value.shape and list(value.shape) != shape:
@@ -221,19 +222,20 @@ def _read_before_wait(calls: list[Call], data) -> bool:
     return bool(asyncs) and data is not None and data.size > 0 and bool(np.all(data == 0))
 
 
-def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str) -> int | None:
+def _hardcoded(quantity, data: np.ndarray, ws: int, dtype: str, source: str, given: frozenset = frozenset()) -> int | None:
     """The value is what another world size k would give, and the source has the constant k where the world
     size belongs: a mean divided by k (written as a number, or a name bound to it); a Linear quantity whose
     weight is the one of k ranks, divided by the number k or by a name for the world size (`WORLD_SIZE`,
     `ws`: not K = 4 micro-batches); a sum of the first k ranks' data, with a name for the world size bound to
-    k. A constant that only equals a world size (K = 4 micro-batches, a range(4)) is not said to be one."""
+    k. A constant that only equals a world size (K = 4 micro-batches, a range(4)) is not said to be one, nor a
+    number the functions the exercise gives (`given`: its data's `/ 4`) divide by."""
     divisors, named = _divisors(source), _world_names(source)
     for k in range(2, 9):
         if k == ws:
             continue
         if quantity.combine == "mean" and k in divisors:
             guess = np.sum([quantity.local_array(q, ws) for q in range(ws)], axis=0) / k
-        elif isinstance(quantity.combine, Linear) and k in _literal_divisors(source) | named:
+        elif isinstance(quantity.combine, Linear) and k in _literal_divisors(source, given) | named:
             linear = quantity.combine
             total = np.sum([v for q in range(ws) for v in linear.vectors(q, ws)], axis=0)
             guess = linear.value(ws, linear.weight(k) * total)
@@ -346,14 +348,16 @@ def _world_names(source: str, with_names: bool = False):
 
 
 @functools.lru_cache(maxsize=16)
-def _literal_divisors(source: str) -> frozenset:
-    """Numbers the source divides by as written (`x / 2`, `x /= 2`, `x.div(2)`), not through a name."""
+def _literal_divisors(source: str, given: frozenset = frozenset()) -> frozenset:
+    """Numbers the source divides by as written (`x / 2`, `x /= 2`, `x.div(2)`), not through a name, outside
+    the top-level functions named in `given`."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return frozenset()
     found = set()
-    for node in ast.walk(tree):
+    kept = [stmt for stmt in tree.body if not (isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in given)]
+    for node in (n for stmt in kept for n in ast.walk(stmt)):
         right = node.right if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Div, ast.FloorDiv)) else \
             node.value if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv)) else \
             node.args[-1] if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
@@ -431,9 +435,8 @@ def sent_causes(quantity, ws: int, rank: int, calls: list[Call]) -> list[Note]:
 
 def carried_too_little(quantity, ws: int, calls: list[Call]) -> Note | None:
     """The quantity's operations, all of them together, carried fewer elements on this rank (sent or delivered,
-    whichever is more, in each call) than the quantity holds: the rest of it never went through the
-    communication (one number all-reduced beside an answer computed on the rank; the loss all-reduced, not
-    the gradient)."""
+    whichever is more, in each call) than the quantity holds: the rest of it did not come through them (one
+    number all-reduced beside an answer computed on the rank; the loss all-reduced, not the gradient)."""
     size = int(np.prod(quantity.expected_shape(ws)))
     done = [c for c in calls if c.completed and c.ok]
     carried = sum(max(c.sent_numel, sum(int(d.get("numel") or 0) for d in c.delivered if isinstance(d, dict)))

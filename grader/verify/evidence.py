@@ -202,6 +202,20 @@ class Evidence:
             return not (np.array_equal(va.data, vb.data) or all_close(vb.data, va.data, va.dtype))
         return None
 
+    def delivered_evidence(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> list[str]:
+        """The quantity's operations that delivered this rank at least as many elements carrying deltas as the
+        quantity holds, in a perturbed run that perturbed all of them ([]: none did)."""
+        size = int(np.prod(quantity.expected_shape(runs.world_size)))
+        for run in runs.perturbed:
+            if not all(run.request.perturbs(op) for op in quantity.through) or rank >= len(run.ranks):
+                continue
+            view = self.view(run)
+            ops = sorted({c.op for c in run.ranks[rank].calls if c.completed and c.ok and c.receives and c.op in quantity.through
+                          and sum(int(d.get("numel") or 0) for k, d in enumerate(c.delivered) if view.evidence(c, k)) >= size})
+            if ops:
+                return ops
+        return []
+
     def how_computed(self, runs: WorldSizeRuns, quantity: Quantity, rank: int) -> str:
         """For right numbers that are not proven: "local" where the value stayed the same although everything
         its operations delivered to the rank changed (certainly computed without it); "derived" where it

@@ -122,7 +122,7 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             how = judge.how_computed(runs, quantity, record.rank)
             notes.append(Note(NOT_COLLECTIVE_WORDS[how], {**label, "ops": _ops_text(quantity)}))
             notes.extend(_why_clean(judge, runs, proof, quantity, how))
-            notes.extend(_unproven_causes(judge, runs, quantity, record))
+            notes.extend(_unproven_causes(judge, runs, quantity, record, how))
         elif proven is None and failure is not None:   # never observed, because the rank stopped
             outcome, note = failure
             notes.append(note)
@@ -138,19 +138,20 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
     return record.rank, outcome, notes, details
 
 
-def _unproven_causes(judge, runs: WorldSizeRuns, quantity: Quantity, record: RankRecord) -> list[Note]:
+def _unproven_causes(judge, runs: WorldSizeRuns, quantity: Quantity, record: RankRecord, how: str) -> list[Note]:
     """Why right numbers are not proven, where the run shows it for certain: the quantity's operations carried
     fewer elements on this rank than the quantity holds (one number all-reduced beside an answer computed on
-    the rank); or they delivered it data, and the value stayed exactly the same when the grader changed that
-    data (the result thrown away: a DDP step whose result was never read)."""
-    size = int(np.prod(quantity.expected_shape(runs.world_size)))
+    the rank); or, where it could not be traced (`how`), they delivered the rank the quantity's elements with
+    the secret deltas, and the value stayed exactly the same (the result thrown away: a DDP step whose
+    result was never read). ("local" says the second already.)"""
     calls = [c for c in record.calls if c.completed and c.ok and c.op in quantity.through]
     little = causes.carried_too_little(quantity, runs.world_size, calls)
     if little is not None:
         return [little]
-    received = [c for c in calls if c.receives and sum(int(d.get("numel") or 0) for d in c.delivered if isinstance(d, dict)) >= size]
-    if received and judge.follows(runs, quantity, record.rank) is False:
-        return [Note("cause.result_unused", {"quantity": quantity.name, "ops": sorted({c.op for c in received})})]
+    if how == "untraced" and judge.follows(runs, quantity, record.rank) is False:
+        ops = judge.delivered_evidence(runs, quantity, record.rank)
+        if ops:
+            return [Note("cause.result_unused", {"quantity": quantity.name, "ops": ops})]
     return []
 
 
