@@ -73,6 +73,11 @@ def test_a_check_naming_a_missing_quantity_never_reaches_grading():
         Exercise(name="x", title=("x", "x"), quantities=(total,), checks=(check,))
     assert raised.value.key == "declare.missing_quantity"
     assert raised.value.where == check.where and check.where[0] == __file__   # the line of that Check(...)
+    counts = Check("ws2.n", "counts", 1, ("n", "n"), world_size=2, op="all_reduce", quantity="total",
+                   params={"count": 1, "quantities": ("total", "totl")})   # the quantities whose calls are counted
+    with pytest.raises(DeclarationError) as raised:
+        Exercise(name="x", title=("x", "x"), quantities=(total,), checks=(counts,))
+    assert raised.value.key == "declare.missing_quantity" and "totl" in raised.value.params["name"]
 
 
 def test_the_kinds_are_one_table():
@@ -88,6 +93,9 @@ def test_the_kinds_are_one_table():
             Check("ws2.c", kind, 1, ("c", "c"), world_size=2, op="all_reduce", quantity="q", params=params)
         assert raised.value.key == "declare.params" and raised.value.params["field"] == "params['least']"
         assert "not a param of " + kind in raised.value.params["value"]
+    with pytest.raises(DeclarationError) as raised:   # names of quantities, not one name
+        Check("ws2.c", "counts", 1, ("c", "c"), world_size=2, op="all_reduce", quantity="q", params={"count": 1, "quantities": "q"})
+    assert raised.value.params["field"] == 'params["quantities"]'
 
 
 # -- Quantity.local takes the run only when the declaration says so ---------------------------------

@@ -8,12 +8,15 @@ module beside grader/verify/kinds/value.py exposing evaluate(judge, check, runs)
     uses      at a world size, the quantities came through their operations and no forbidden operation ran
     traffic   at a world size, point-to-point exchanges form the declared pattern (params: "pattern": "ring",
               "sends", "volume" ...)
-    counts    how many times `op` completed per rank (params: "count", "per", "at_most")
-    volume    the dtypes every `op` carried and the bytes a rank sent in them (params: "dtypes", "bytes")
-    groups    which ranks each operation spans, with nodes of params["node"] consecutive ranks (params: "inside")
+    counts    how many times `op` completed per rank (params: "count", "per", "at_most", "quantities")
+    volume    the dtypes every `op` carried and the bytes a rank sent in them (params: "dtypes", "bytes",
+              "quantities")
+    groups    which ranks each operation spans, with nodes of params["node"] consecutive ranks (params: "inside",
+              "quantities")
 traffic, counts, volume and groups count for a correct answer only: they pass where the check's quantity
 passes its value check at the same world size. Counts, volume and groups judge the operations that carried
-the quantity's elements (verify/kinds/measured.py), whatever their size.
+the quantity's elements (verify/kinds/measured.py), whatever their size; params["quantities"] names the
+quantities whose operations are judged where it is more than the check's own (a step's every all-reduce).
 """
 from __future__ import annotations
 
@@ -40,8 +43,18 @@ def _known(check, names: tuple[str, ...]) -> None:
                                    value=f"(not a param of {check.kind}: {', '.join(names)})")
 
 
+def _quantities(check) -> None:
+    """params["quantities"]: names of quantities (each checked against the exercise's at load, spec.py)."""
+    names = check.params.get("quantities")
+    if names is not None and (isinstance(names, str) or not isinstance(names, (tuple, list)) or not names
+                              or not all(isinstance(n, str) for n in names)):
+        raise DeclarationError("declare.params", check.where, id=check.id, field='params["quantities"]',
+                               value=repr(names)[:80])
+
+
 def _counts(check) -> None:
-    _known(check, ("count", "per", "at_most"))
+    _known(check, ("count", "per", "at_most", "quantities"))
+    _quantities(check)
     p, where, cid = check.params, check.where, check.id
     count = p.get("count")
     if not (callable(count) or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)):
@@ -51,7 +64,8 @@ def _counts(check) -> None:
 
 
 def _volume(check) -> None:
-    _known(check, ("dtypes", "bytes"))
+    _known(check, ("dtypes", "bytes", "quantities"))
+    _quantities(check)
     p, where, cid = check.params, check.where, check.id
     allowed = p.get("dtypes")
     if not isinstance(allowed, (tuple, list)) or not allowed:
@@ -62,7 +76,8 @@ def _volume(check) -> None:
 
 
 def _groups(check) -> None:
-    _known(check, ("node", "inside"))
+    _known(check, ("node", "inside", "quantities"))
+    _quantities(check)
     p, where, cid = check.params, check.where, check.id
     node = p.get("node")
     if isinstance(node, bool) or not isinstance(node, int) or node < 1:

@@ -221,6 +221,9 @@ class Check:
          "groups":   at `world_size`, the groups operations span, with nodes of `params["node"]`
                      consecutive ranks: the operations of `params["inside"]` each stay inside one node, and
                      an operation that crosses nodes takes one rank per node (its leader)
+         counts, volume and groups: `params["quantities"]`, the names of the quantities whose operations
+                     are judged, where that is more than `quantity` (every all-reduce of a step that carries
+                     several: `quantity` stays the one that must be right)
     counts, volume, groups and traffic count for a correct answer only: they pass when `quantity`'s value
     check passes at the same world size (counts: when a `quantity` is named)
     """
@@ -315,6 +318,8 @@ class Exercise:
         validate.unique("Check", [c.id for c in self.checks], [c.where for c in self.checks])
         for check in self.checks:
             validate.quantity_named(f"Check({check.id!r}).quantity", check.quantity, self.quantities, check.where)
+            for name in check.params.get("quantities") or ():
+                validate.quantity_named(f"Check({check.id!r}).params['quantities']", name, self.quantities, check.where)
         validate.ops("Exercise.forbidden", self.forbidden, where)
         for key, pair in (self.messages or {}).items():
             validate.words(f"Exercise.messages[{key!r}]", pair, where)

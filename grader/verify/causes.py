@@ -433,10 +433,20 @@ def sent_causes(quantity, ws: int, rank: int, calls: list[Call]) -> list[Note]:
     return []
 
 
+def elementwise(quantity) -> bool:
+    """Each element of the quantity is made of elements its operations delivered (a mean, a sum, a
+    concatenation, a root's data, a Linear combination): not a step's output computed from fewer of them (a
+    reference's gradient of a shard, made from the all-reduced activation), nor an exercise's own formula."""
+    return quantity.combine in ("mean", "sum", "concat", "root") or isinstance(quantity.combine, Linear)
+
+
 def carried_too_little(quantity, ws: int, calls: list[Call]) -> Note | None:
     """The quantity's operations, all of them together, carried fewer elements on this rank (sent or delivered,
     whichever is more, in each call) than the quantity holds: the rest of it did not come through them (one
-    number all-reduced beside an answer computed on the rank; the loss all-reduced, not the gradient)."""
+    number all-reduced beside an answer computed on the rank; the loss all-reduced, not the gradient). Only
+    for a quantity made element by element of what was delivered (`elementwise`)."""
+    if not elementwise(quantity):
+        return None
     size = int(np.prod(quantity.expected_shape(ws)))
     done = [c for c in calls if c.completed and c.ok]
     carried = sum(max(c.sent_numel, sum(int(d.get("numel") or 0) for d in c.delivered if isinstance(d, dict)))

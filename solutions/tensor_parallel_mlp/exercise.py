@@ -120,9 +120,10 @@ CHECKS = (("y", 8, "前向：行切分的部分输出经 all_reduce 求和得到
 def _runtime(ws, hidden):
     return (*(Check(f"ws{ws}.{name}", "value", points, (f"{zh}（{{ws}} 个进程）", f"{en} ({{ws}} ranks)"), hidden=hidden,
                     world_size=ws, quantity=name, op="all_reduce") for name, points, zh, en in CHECKS),
+            # the all-reduces that carried any of the step's quantities are counted (a logged loss is not)
             Check(f"ws{ws}.two_all_reduces", "counts", 4, ("每一步恰好两次 all_reduce：前向一次、反向一次（{ws} 个进程）",
                   "Exactly two all_reduces a step: one forward, one backward ({ws} ranks)"), hidden=hidden, world_size=ws,
-                  op="all_reduce", quantity="dx", params={"count": 2}))   # the step's calls: a logged loss is not counted
+                  op="all_reduce", quantity="dx", params={"count": 2, "quantities": tuple(name for name, *_ in CHECKS)}))
 
 
 _quantity = lambda name, shape, zh, en: Quantity(name, combine="reference", through=("all_reduce",), shape=shape, label=(zh, en))  # noqa: E731

@@ -80,7 +80,8 @@ def _holds(call, own: list, ws: int) -> bool:
 
 
 class Carried:
-    """Which operations carried a quantity's elements, in each run a check of measures judges.
+    """Which operations carried a quantity's elements, in each run a check of measures judges (of the check's
+    quantity, or of each of `params["quantities"]`: a run knows them where every one is proven).
 
     A perturbed run whose proofs hold on every rank knows it: the calls each proof came through (for a
     collective, with every member's call: what the others sent into it is the quantity too; for a receive,
@@ -89,16 +90,16 @@ class Carried:
     (the clean one, a run perturbing one operation) a call is left out only where its signature is one that
     a fully proven run left out and never counted, so a call that appears in one run only (code that tells
     the runs apart) is judged. A call no proof came through still carried the quantity where what the rank
-    sent is its own data (a collective of it whose result was never read). Where no run proved the quantity
+    sent is its own data (a collective of it whose result was never read). Where no run proved the quantities
     on every rank (or no quantity is named), every call that carried floating data is judged."""
 
-    def __init__(self, judge, runs, quantity):
-        self.known: dict[int, set[int]] = {}     # id(run) -> ids of the calls that carried the quantity
+    def __init__(self, judge, runs, quantities: tuple):
+        self.known: dict[int, set[int]] = {}     # id(run) -> ids of the calls that carried the quantities
         counted: dict[int, set] = {}
         left: dict[int, set] = {}
-        for run in runs.perturbed if quantity is not None else ():
-            proofs = [judge.proof(run, quantity, rec.rank) for rec in run.ranks]
-            if not proofs or not all(p is not None and p.ok for p in proofs):
+        for run in runs.perturbed if quantities else ():
+            proofs = [judge.proof(run, quantity, rec.rank) for quantity in quantities for rec in run.ranks]
+            if not run.ranks or not all(p is not None and p.ok for p in proofs):
                 continue
             carried = set()
             for proof in proofs:
@@ -106,7 +107,8 @@ class Carried:
                     carried.add(id(call))
                     carried.update(id(p) for p in call.partners.values())
             for rec in run.ranks:
-                own = quantity.local_options(rec.rank, len(run.ranks)) if quantity.local is not None and not quantity.derived else []
+                own = [a for q in quantities if q.local is not None and not q.derived
+                       for a in q.local_options(rec.rank, len(run.ranks))]
                 for signature, call in _signatures([c for c in rec.calls if c.completed and c.ok]):
                     if id(call) not in carried and _holds(call, own, len(run.ranks)):
                         carried.add(id(call))   # its own data, in a call no proof needed (a result never read)
@@ -152,7 +154,8 @@ def _judged(judge, check: Check, runs, one) -> CheckResult:
     early = _needs_value(judge, check, runs)
     if early is not None:
         return early
-    carried = Carried(judge, runs, quantity)
+    names = check.params.get("quantities") or ((check.quantity,) if check.quantity else ())
+    carried = Carried(judge, runs, tuple(judge.exercise.quantity(name) for name in names))
     results = [one(run, complete, carried) for run, complete in measured]
     return next((r for r in results if not r.passed), results[0])
 

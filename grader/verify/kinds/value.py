@@ -143,12 +143,15 @@ def _unproven_causes(judge, runs: WorldSizeRuns, quantity: Quantity, record: Ran
     fewer elements on this rank than the quantity holds (one number all-reduced beside an answer computed on
     the rank); or, where it could not be traced (`how`), they delivered the rank the quantity's elements with
     the secret deltas, and the value stayed exactly the same (the result thrown away: a DDP step whose
-    result was never read). ("local" says the second already.)"""
+    result was never read). ("local" says the second already.) Both only for a quantity made element by
+    element of what was delivered (causes.elementwise): a step's output may rightly not follow every one of
+    its operations (the forward activation does not follow the backward all-reduce)."""
     calls = [c for c in record.calls if c.completed and c.ok and c.op in quantity.through]
     little = causes.carried_too_little(quantity, runs.world_size, calls)
     if little is not None:
         return [little]
-    if how == "untraced" and judge.follows(runs, quantity, record.rank) is False:
+    if how == "untraced" and causes.elementwise(quantity) and \
+            judge.follows(runs, quantity, record.rank) is False:
         ops = judge.delivered_evidence(runs, quantity, record.rank)
         if ops:
             return [Note("cause.result_unused", {"quantity": quantity.name, "ops": ops})]
