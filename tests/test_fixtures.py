@@ -36,9 +36,10 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 NO_FIXTURE_CAN_SHOW = {"cause.traffic_none", "cause.traffic_direction", "cause.traffic_same_side"}
 # counts no exercise of the course declares: a count over all ranks together, and one that a right answer can
 # fall short of (tests/test_toy_exercise.py declares both and names them,
-# test_counts_volume_and_groups_checks_graded_end_to_end);
-# A rooted quantity's wrong root: no exercise of the course declares one (combine="root"); the broadcast
-# exercise of tests/test_named_causes.py does, and names it (test_a_rooted_quantity_has_its_own_pass_words_and_wrong_root).
+# test_counts_volume_and_groups_checks_graded_end_to_end),
+# and a rooted quantity's wrong root: no exercise of the course declares one (combine="root"); the broadcast
+# exercise tests/test_named_causes.py writes into a temporary folder does, and names it in zh and en
+# (test_a_rooted_quantity_has_its_own_pass_words_and_wrong_root).
 NOT_IN_THE_COURSE = {"cause.counts_all", "cause.counts_fewer", "cause.wrong_root"}
 # causes only a real-backend run that runs out of time shows: each costs a time limit twice over (the run is
 # tried again with twice the time), so one fixture of its own names it, graded with a short limit in
