@@ -436,14 +436,15 @@ def sent_causes(quantity, ws: int, rank: int, calls: list[Call]) -> list[Note]:
 def elementwise(quantity) -> bool:
     """Each element of the quantity is made of elements its operations delivered (a mean, a sum, a
     concatenation, a root's data, a Linear combination): not a step's output computed from fewer of them (a
-    reference's gradient of a shard, made from the all-reduced activation), nor an exercise's own formula."""
+    reference's output for a shard of weights, made from the all-reduced activation), nor an exercise's own
+    formula."""
     return quantity.combine in ("mean", "sum", "concat", "root") or isinstance(quantity.combine, Linear)
 
 
 def carried_too_little(quantity, ws: int, calls: list[Call]) -> Note | None:
     """The quantity's operations, all of them together, carried fewer elements on this rank (sent or delivered,
     whichever is more, in each call) than the quantity holds: the rest of it did not come through them (one
-    number all-reduced beside an answer computed on the rank; the loss all-reduced, not the gradient). Only
+    number all-reduced beside an answer computed on the rank; a loss all-reduced in place of the data). Only
     for a quantity made element by element of what was delivered (`elementwise`)."""
     if not elementwise(quantity):
         return None
