@@ -78,7 +78,7 @@ def test_integers_past_the_limit_travel_as_sent():
 # -- every cause teaches in a hidden check ---------------------------------------------------------------
 
 # grader limits, not mistakes of the student's: hidden checks show their hint alone
-LIMITS = {"why.layout", "why.too_complex", "why.too_deep", "why.unobserved"}
+LIMITS = {"why.layout", "why.too_complex", "why.too_deep", "why.unobserved", "why.over_budget"}
 
 
 def test_every_cause_has_a_form_a_hidden_check_shows():
