@@ -28,6 +28,7 @@ MAX_HEADER = 1 << 20
 MAX_BLOBS = 4096
 MAX_DIMS = 16
 _HEAD = struct.Struct("<II")
+ALIGN = 64                 # where a frame's first blob starts (bytes from the frame's start)
 
 # torch dtype -> (bytes per element, numpy dtype of its values; None: carried as bytes, no arithmetic)
 DTYPES: dict[str, tuple[int, str | None]] = {
@@ -48,10 +49,14 @@ class WireError(ValueError):
 # -- frames --------------------------------------------------------------------------------------------
 
 def pack(header: dict, blobs: list | tuple = ()) -> list:
-    """The buffers of one frame (header with its "blobs" sizes filled in, then the blobs, uncopied)."""
+    """The buffers of one frame (header with its "blobs" sizes filled in, then the blobs, uncopied). The header
+    is padded with spaces so that the first blob starts ALIGN bytes into the frame: the reader's arrays then
+    view it in place (`tensor`)."""
     views = [memoryview(b).cast("B") for b in blobs]
     header = dict(header, blobs=[len(v) for v in views])
     head = json.dumps(header, separators=(",", ":"), default=_plain).encode()
+    if views:
+        head += b" " * (-(_HEAD.size + len(head)) % ALIGN)
     total = 4 + len(head) + sum(len(v) for v in views)
     return [_HEAD.pack(total, len(head)), head, *views]
 
@@ -66,7 +71,8 @@ def _plain(value):
 
 class FrameReader:
     """Frames out of a byte stream, as (header, blobs): fed in chunks, checked before anything is kept.
-    A frame's bytes are copied once, into a buffer of its announced length (which the blobs then view)."""
+    A frame's bytes are copied once, into a buffer of its announced length (which the blobs then view); a
+    large frame's rest can be read straight into that buffer (`room`, then `filled`)."""
 
     def __init__(self, max_frame: int = MAX_FRAME):
         self.max_frame = max_frame
@@ -96,6 +102,20 @@ class FrameReader:
                 body, self.body = self.body, None
                 frames.append(unpack(body))
         return frames
+
+    def room(self, least: int) -> memoryview | None:
+        """The rest of the frame being filled, when it is at least `least` bytes: read it in place."""
+        if self.body is None or len(self.body) - self.got < least:
+            return None
+        return memoryview(self.body)[self.got:]
+
+    def filled(self, count: int) -> list[tuple[dict, list[memoryview]]]:
+        """`count` bytes were read into `room()`: the frame, once complete."""
+        self.got += count
+        if self.got < len(self.body):
+            return []
+        body, self.body = self.body, None
+        return [unpack(body)]
 
     @property
     def pending(self) -> int:
@@ -159,11 +179,12 @@ def tensor(desc, blobs: list) -> np.ndarray | None:
     size, fmt = DTYPES[dtype]
     if len(raw) != numel * size:
         raise WireError(f"{len(raw)} bytes for {numel} elements of {dtype}")
-    if fmt is None:
-        return np.frombuffer(raw, dtype="u1").copy()
     if fmt == "bf16":
         return from_bf16(np.frombuffer(raw, dtype="<u2"))
-    return np.frombuffer(raw, dtype=fmt).copy()
+    values = np.frombuffer(raw, dtype="u1" if fmt is None else fmt)
+    # in place where it can: a frame's buffer is the frame's alone (FrameReader makes one per frame), and
+    # nothing writes what a rank sent; else (immutable bytes, or an address the dtype cannot load from) a copy
+    return values if values.flags.aligned and values.flags.writeable else values.copy()
 
 
 def to_bytes(array: np.ndarray, dtype: str) -> bytes:
@@ -176,6 +197,17 @@ def to_bytes(array: np.ndarray, dtype: str) -> bytes:
     if fmt == "?" and np.asarray(array).dtype != np.bool_:   # a bool SUM's bytes hold counts, as gloo leaves them
         return np.ascontiguousarray(array, dtype="u1").tobytes()
     return np.ascontiguousarray(array, dtype=fmt).tobytes()
+
+
+def buffer(array: np.ndarray, dtype: str):
+    """What `to_bytes` gives, without a copy where the array already holds those bytes (a delivered array is
+    never written once made: it is the record's too)."""
+    fmt = DTYPES[dtype][1]
+    if fmt not in (None, "bf16", "?"):
+        array = np.asarray(array)
+        if array.dtype == np.dtype(fmt) and array.flags.c_contiguous:
+            return array.reshape(-1)
+    return to_bytes(array, dtype)
 
 
 def from_bf16(bits: np.ndarray) -> np.ndarray:

@@ -229,12 +229,12 @@ def _on_frame(header, blobs) -> None:
         kind = ValueError if header.get("kind") == "ValueError" else RuntimeError
         work._landed(None, kind(str(header.get("error"))), None)
         return
-    arrays = [bytes(blobs[d["blob"]]) for d in header.get("outputs") or []]
+    arrays = [blobs[d["blob"]] for d in header.get("outputs") or []]   # views of the frame's own buffer
 
     def delivery():
         with Guard():
             for dst, raw in zip(student_out, arrays):
-                src = _reshape(_frombuffer(bytearray(raw), dtype=dst.dtype) if raw else _TB.new_empty(dst, (0,)),
+                src = _reshape(_frombuffer(raw, dtype=dst.dtype) if len(raw) else _TB.new_empty(dst, (0,)),
                                tuple(dst.shape))
                 if dst.device.type != "cpu":
                     src = _to(src, dst.device)

@@ -62,7 +62,7 @@ class Channel:
     def recv(self) -> tuple[dict, list]:
         """The next frame from the grader (blocking)."""
         (length,) = struct.unpack("<I", self._exactly(4))
-        return wire.unpack(bytes(self._exactly(length)))
+        return wire.unpack(self._exactly(length))   # the blobs view the frame's own buffer
 
     def start(self, handler) -> None:
         """Read every later frame in a daemon thread: handler(header, blobs); EOF ends the thread."""

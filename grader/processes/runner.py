@@ -183,7 +183,18 @@ class Runner(ZygoteClient):
             self._abort(run, Stop.TRAFFIC_LIMIT, rank)
 
     def _read(self, run: InFlight, fd: int, role: str, r: int, sel) -> None:
-        chunk = _read_chunk(fd)
+        reader = run.readers.get(fd)
+        room = reader.room(READ_CHUNK) if reader is not None else None
+        if room is not None:   # the rest of a large frame: read in place, no chunk to copy from
+            count = _read_into(fd, room)
+            if count is None:
+                return
+            if count:
+                self._frames(run, fd, r, lambda: reader.filled(count))
+                return
+            chunk = b""
+        else:
+            chunk = _read_chunk(fd)
         if chunk is None:
             return
         if not chunk:
@@ -223,8 +234,12 @@ class Runner(ZygoteClient):
         reader = run.readers.get(fd)
         if reader is None:   # this rank broke the protocol: nothing more it says is read
             return
+        self._frames(run, fd, r, lambda: reader.feed(chunk))
+
+    def _frames(self, run: InFlight, fd: int, r: int, read) -> None:
+        """Handle the frames `read()` completes (a rank's channel)."""
         try:
-            frames = reader.feed(chunk)
+            frames = read()
         except wire.WireError:
             del run.readers[fd]
             self._abort(run, Stop.PROTOCOL, r)
@@ -383,6 +398,16 @@ class Runner(ZygoteClient):
             run.outcome.stop = Stop.GRADER_ERROR
             run.outcome.error = run.outcome.error or "the run ended before every rank reported"
         shutil.rmtree(run.workdir, ignore_errors=True)
+
+
+def _read_into(fd: int, room: memoryview) -> int | None:
+    """Like _read_chunk, into `room`: the bytes read, None when nothing (yet), 0 at its end (or an error)."""
+    try:
+        return os.readv(fd, [room])
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return 0
 
 
 def _read_chunk(fd: int) -> bytes | None:

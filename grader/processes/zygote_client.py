@@ -192,6 +192,8 @@ class ZygoteClient:
         send_fds, keep = [], []
         for r in range(request.world_size):
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            for end in (mine, theirs):
+                _widen(end)
             mine.setblocking(False)
             out_r, out_w = os.pipe2(os.O_CLOEXEC)
             os.set_blocking(out_r, False)
@@ -257,3 +259,18 @@ class ZygoteClient:
                 self._compiled.pop(next(iter(self._compiled)))
             self._compiled[key] = compiled.rank_bytes(request.source, request.filename, record)
         return self._compiled[key]
+
+
+SOCKET_BUFFER = 4 << 20   # what a rank's socket holds each way (the kernel's default, ~200 KiB, cut a MiB-sized
+#                           operation into tens of reads and writes, each a wake-up of the other side)
+_SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+
+
+def _widen(sock: socket.socket) -> None:
+    """SOCKET_BUFFER for the socket's sends (past net.core.wmem_max where the supervisor may: root)."""
+    for option in (_SO_SNDBUFFORCE, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+            return
+        except OSError:
+            continue

@@ -96,10 +96,40 @@ def perturbed(values: np.ndarray, dtype: str, rng: np.random.Generator, call=Non
         return None
     flat = values.reshape(-1)
     out = np.empty_like(flat)
-    wide = np.complex128 if np.iscomplexobj(values) else np.float64
-    for at in range(0, flat.size, CHUNK):   # in slices: the wide temporaries stay small
-        part = flat[at:at + CHUNK].astype(wide)
-        c = rng.integers(LOWEST.get(dtype, 1), HIGHEST.get(dtype, steps) + 1, size=part.size) / steps
-        part = part + c * (1.0 + np.abs(part))
-        out[at:at + CHUNK] = part.astype(values.dtype) if np.iscomplexobj(values) else round_to(part, dtype)
+    complex_ = np.iscomplexobj(values)
+    low, high = LOWEST.get(dtype, 1), HIGHEST.get(dtype, steps)
+    # in slices, through temporaries made once: they stay in cache, and no pass allocates (1M float32: ~2 ms)
+    size = min(CHUNK, flat.size)
+    wide, mag, c = np.empty(size, np.complex128 if complex_ else np.float64), np.empty(size), np.empty(size)
+    for at in range(0, flat.size, CHUNK):
+        m = min(CHUNK, flat.size - at)
+        part = wide[:m]
+        part[...] = flat[at:at + m]
+        _steps(rng, low, high, c[:m])
+        c[:m] *= 1 / steps                       # exact: steps is a power of two
+        np.abs(part, out=mag[:m])
+        mag[:m] += 1.0
+        mag[:m] *= c[:m]
+        part += mag[:m]                          # x + c (1 + |x|)
+        if complex_:
+            out[at:at + m] = part.astype(values.dtype)
+        elif dtype in ("torch.float32", "torch.float64"):
+            with np.errstate(over="ignore", invalid="ignore"):   # past the dtype's range: inf, as round_to
+                out[at:at + m] = part                # rounded to the dtype as it is stored
+        else:
+            out[at:at + m] = round_to(part, dtype)
     return out.reshape(values.shape)
+
+
+def _steps(rng: np.random.Generator, low: int, high: int, c: np.ndarray) -> None:
+    """Fill `c` with integers drawn uniformly from low..high. A span of a power of two up to 256 (every dtype's
+    but float16's) is cut from the generator's raw 64-bit words: a tenth of the cost of `integers`."""
+    span = high - low + 1
+    if span & (span - 1) or span > 256:
+        c[...] = rng.integers(low, high + 1, size=c.size)
+        return
+    raw = rng.bit_generator.random_raw(-(-c.size // 8)).view(np.uint8)[:c.size]
+    if span < 256:
+        raw = raw & np.uint8(span - 1)
+    c[...] = raw
+    c += low
