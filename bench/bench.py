@@ -8,7 +8,9 @@ Prints (method in docs/bench.md):
   B. the seed-style harness over the same N, 2 submissions at a time (bench/seed_harness.py: a cold
      interpreter + mp.spawn per world size 2, 3, 4), run once; the ratio B / A (goal: >= 40x);
   C. per-submission cost of `batch --jobs 2` at N and at --scale submissions;
-  D. a single `grade` against `python -c "import torch"` (median of --reps runs each, interleaved).
+  D. a single `grade` against `python -c "import torch"` (median of --reps runs each, interleaved);
+  E. one all_reduce of 1,024, 1M and 16M float32 through the switch (plain and perturbed) against gloo, at 2
+     and 4 ranks, in one Runner (bench/dataplane.py); `--dataplane-only` runs E alone.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import dataplane  # bench/dataplane.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -173,10 +177,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="runs of D, each side (median)")
     ap.add_argument("--no-baseline", action="store_true", help="skip B (about 2 minutes on 2 cores)")
     ap.add_argument("--quick", action="store_true", help="--n 4 --scale 12 --batch-reps 1 --reps 2")
+    ap.add_argument("--dataplane-only", action="store_true", help="only E: the switch's data plane against gloo")
     args = ap.parse_args()
     if args.quick:
         args.n, args.scale, args.batch_reps, args.reps = 4, 12, 1, 2
     print(f"machine: {machine()}", flush=True)
+    if args.dataplane_only:
+        dataplane.run()
+        return 0
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp_name:
         tmp = Path(tmp_name)
         small = make_class(tmp / "small", args.n)
@@ -198,6 +206,7 @@ def main() -> int:
         g, i = statistics.median(grade), statistics.median(imp)
         print(f"D  single `grade`: median {g:.2f} s over {args.reps}; `python -c \"import torch\"`: median {i:.2f} s; "
               f"ratio {g / i:.2f}x (goal <= 1.1x)", flush=True)
+    dataplane.run()
     return 0
 
 

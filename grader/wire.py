@@ -28,7 +28,7 @@ MAX_HEADER = 1 << 20
 MAX_BLOBS = 4096
 MAX_DIMS = 16
 _HEAD = struct.Struct("<II")
-ALIGN = 64                 # where a frame's first blob starts (bytes from the frame's start)
+ALIGN = 64                 # where a frame's first blob starts (bytes into the body: a multiple of a cache line)
 
 # torch dtype -> (bytes per element, numpy dtype of its values; None: carried as bytes, no arithmetic)
 DTYPES: dict[str, tuple[int, str | None]] = {
@@ -50,13 +50,13 @@ class WireError(ValueError):
 
 def pack(header: dict, blobs: list | tuple = ()) -> list:
     """The buffers of one frame (header with its "blobs" sizes filled in, then the blobs, uncopied). The header
-    is padded with spaces so that the first blob starts ALIGN bytes into the frame: the reader's arrays then
-    view it in place (`tensor`)."""
+    is padded with spaces so that the first blob starts a multiple of ALIGN bytes into the frame's body (after
+    its length): the reader's arrays then view it in place (`tensor`), aligned for any dtype."""
     views = [memoryview(b).cast("B") for b in blobs]
     header = dict(header, blobs=[len(v) for v in views])
     head = json.dumps(header, separators=(",", ":"), default=_plain).encode()
     if views:
-        head += b" " * (-(_HEAD.size + len(head)) % ALIGN)
+        head += b" " * (-(4 + len(head)) % ALIGN)
     total = 4 + len(head) + sum(len(v) for v in views)
     return [_HEAD.pack(total, len(head)), head, *views]
 
@@ -77,7 +77,7 @@ class FrameReader:
     def __init__(self, max_frame: int = MAX_FRAME):
         self.max_frame = max_frame
         self.head = bytearray()             # the length prefix, while incomplete
-        self.body: bytearray | None = None  # the frame being filled
+        self.body: np.ndarray | None = None  # the frame being filled (bytes)
         self.got = 0
 
     def feed(self, chunk: bytes) -> list[tuple[dict, list[memoryview]]]:
@@ -93,7 +93,7 @@ class FrameReader:
                 self.head = bytearray()
                 if not 4 <= need <= self.max_frame:
                     raise WireError(f"frame of {need} bytes")
-                self.body, self.got = bytearray(need), 0
+                self.body, self.got = np.empty(need, np.uint8), 0   # not zeroed: every byte is read into it
             take = min(len(self.body) - self.got, len(view) - at)
             self.body[self.got:self.got + take] = view[at:at + take]
             self.got += take
@@ -122,13 +122,16 @@ class FrameReader:
         return len(self.head) + self.got
 
 
-def unpack(body: bytes | bytearray) -> tuple[dict, list[memoryview]]:
-    """One frame's header and blobs (the bytes after its length)."""
-    (head_len,) = struct.unpack_from("<I", body)
-    if not 2 <= head_len <= min(MAX_HEADER, len(body) - 4):
+def unpack(body) -> tuple[dict, list[memoryview]]:
+    """One frame's header and blobs (the bytes after its length: bytes, a bytearray or an array of uint8)."""
+    view = memoryview(body).cast("B")
+    if len(view) < 4:
+        raise WireError("frame of fewer than 4 bytes")
+    (head_len,) = struct.unpack_from("<I", view)
+    if not 2 <= head_len <= min(MAX_HEADER, len(view) - 4):
         raise WireError(f"header of {head_len} bytes")
     try:
-        header = json.loads(body[4:4 + head_len])
+        header = json.loads(bytes(view[4:4 + head_len]))
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise WireError(f"header is not JSON: {type(err).__name__}") from None
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
@@ -136,9 +139,9 @@ def unpack(body: bytes | bytearray) -> tuple[dict, list[memoryview]]:
     sizes = header.get("blobs", [])
     if not isinstance(sizes, list) or len(sizes) > MAX_BLOBS or not all(_count(s) for s in sizes):
         raise WireError("bad blob sizes")
-    if 4 + head_len + sum(sizes) != len(body):
+    if 4 + head_len + sum(sizes) != len(view):
         raise WireError("blob sizes do not add up to the frame")
-    view, blobs, at = memoryview(body), [], 4 + head_len
+    blobs, at = [], 4 + head_len
     for size in sizes:
         blobs.append(view[at:at + size])
         at += size

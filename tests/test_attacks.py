@@ -59,7 +59,7 @@ def test_one_operation_cannot_make_the_supervisor_build_far_more_than_was_sent()
 
 @pytest.mark.timeout(300)
 def test_a_rank_that_stops_reading_cannot_make_the_supervisor_hold_its_answers():
-    # 16 MiB owed per all-gather: the rank is stopped once it leaves more than MAX_UNREAD (40 MiB) unread.
+    # 16 MiB owed per all-gather: the rank is stopped once it leaves more than MAX_UNREAD (72 MiB) unread.
     # What the supervisor holds meanwhile is bounded per rank, whatever the number of operations: what its
     # operations not yet completed sent (MAX_IN_FLIGHT, 64 MiB, and its perturbed copy), its latest
     # snapshot (here 24 MiB of locals) and the frame being read

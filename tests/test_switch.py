@@ -378,6 +378,43 @@ def test_small_operations_have_a_window_of_their_own_so_an_answer_between_loops_
         assert kept + answer.retain_bytes <= core.RETAIN_LATEST
 
 
+def test_an_all_reduce_of_16m_float32_is_carried_perturbed_and_its_evidence_kept():
+    """64 MiB sent by each rank and delivered to each: within the switch's limits (MAX_PAYLOAD, MAX_OUTPUT), every
+    element perturbed, and the record keeps what was sent, what entered and what was delivered (an operation
+    larger than a window is kept alone, the rank's latest such one)."""
+    from grader.processes.linux import supervisor_memory
+    supervisor_memory()   # the supervisor's memory settings, as a Runner makes them (10 s -> 1.5 s here)
+    sim, n = Sim(2, perturb=("all_reduce",)), 1 << 24
+    for r in range(2):
+        sim.op(r, "allreduce", [np.full(n, r + 1.0, dtype=np.float32)], [(n,)], reduce="SUM")
+    calls = [sim.switch.calls[r][-1] for r in range(2)]
+    assert all(c.completed and c.ok and c.retained for c in calls), [c.error for c in calls]
+    sent, entered = [c.sent[0] for c in calls], [c.perturbed[0] for c in calls]
+    assert all((e > s).all() for s, e in zip(sent, entered))              # every element carries its delta
+    assert calls[0].delivered_arrays[0] is calls[1].delivered_arrays[0]   # one result, made once
+    assert np.array_equal(calls[0].delivered_arrays[0], entered[0] + entered[1])
+
+
+def test_an_operation_larger_than_its_window_is_kept_alone_and_its_answer_proven(monkeypatch):
+    """With windows smaller than one operation (as 16M float32 are): the warm-up makes way for the answer,
+    whose value is proven from the record."""
+    from grader.exercise.spec import Quantity
+    from grader.switch import core
+    from test_provenance import assert_proven, prove
+    monkeypatch.setattr(core, "RETAIN_FIRST", 0)
+    monkeypatch.setattr(core, "RETAIN_LATEST", 2048)
+    monkeypatch.setattr(core, "RETAIN_LATEST_SMALL", 1024)
+    monkeypatch.setattr(core, "SMALL_OP", 256)
+    n = 128   # sent, entered and delivered: 3 x 512 bytes, more than the window of 1 KiB
+    sim = Sim(2)
+    sim.all_reduce([np.ones(n), np.ones(n)])
+    out = sim.all_reduce([np.full(n, 1.0), np.full(n, 2.0)])
+    for calls in sim.switch.calls:
+        assert [c.retained for c in calls] == [False, True]
+    mean = Quantity("gradient", local=lambda r, ws: [r + 1.0] * n, combine="mean", through=("all_reduce",))
+    assert_proven(prove(sim, mean, [o / 2 for o in out]))
+
+
 def test_a_max_all_reduce_travels_unperturbed_where_a_sum_is_perturbed():
     """A MAX (MIN, product) proves nothing and honest code branches on it (GradScaler's found_inf must stay 0
     where nothing overflowed); a sum in the same perturbed run carries the deltas."""

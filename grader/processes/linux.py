@@ -45,5 +45,28 @@ def small_pages() -> None:
     libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)   # Linux 3.15+; where it fails, nothing changes
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+HEAP_MMAP_THRESHOLD = 128 << 20   # larger than any frame (wire.MAX_FRAME): a frame's buffer comes from the heap
+HEAP_TRIM_THRESHOLD = 256 << 20   # free memory the heap keeps at its top instead of giving it back
+
+
+def supervisor_memory() -> None:
+    """The supervisor's memory for operations of MiBs, each of which allocates its frames, deltas and results
+    anew (the records keep the previous ones a while). Measured with one all_reduce of 1M float32 at 2 ranks:
+      - numpy asks for transparent huge pages for every array of 4 MiB or more (madvise), and where the kernel
+        compacts memory on such a fault (defrag "madvise", this machine's) the fault waits for it: the
+        operation that completed an all_reduce took 20-35 ms instead of 2.5, until the records' windows were
+        full and memory was reused. Off here: 4 KiB pages, faulted as they are written;
+      - glibc served each buffer from a fresh mapping, whose pages the kernel zeroed and faulted in one by one
+        (~1,400 faults per perturbed operation); kept in the heap and reused instead, ~500-800."""
+    libc.mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)   # glibc only; elsewhere nothing changes
+    libc.mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:   # numpy 1.x
+        from numpy.core.multiarray import _set_madvise_hugepage
+    _set_madvise_hugepage(False)
+
+
 def setns(fd: int, nstype: int) -> None:
     check(libc.setns(fd, nstype), "setns")

@@ -31,6 +31,7 @@ from ..switch import MAX_OUTPUT, ProtocolError, TrafficLimit
 from . import reports
 from .inflight import InFlight
 from .limits import Limits, processes_by_uid
+from .linux import supervisor_memory
 from .zygote_client import GraderError, ZygoteClient
 
 DEADLOCK_GRACE_S = 0.25  # every live rank waits on an operation the switch cannot complete, nothing arrives
@@ -50,6 +51,8 @@ class Runner(ZygoteClient):
         self.max_parallel = max_parallel
         self._sel = None
         self._process_counts: tuple[float | None, dict] = (None, {})   # (when, {uid: processes}): _processes
+        self._scratch = memoryview(bytearray(READ_CHUNK))   # what a channel's read lands in, reused
+        supervisor_memory()
         super().__init__(limits=limits, sandbox=sandbox, python=python)
 
     # -- runs ---------------------------------------------------------------------------------
@@ -184,13 +187,15 @@ class Runner(ZygoteClient):
 
     def _read(self, run: InFlight, fd: int, role: str, r: int, sel) -> None:
         reader = run.readers.get(fd)
-        room = reader.room(READ_CHUNK) if reader is not None else None
-        if room is not None:   # the rest of a large frame: read in place, no chunk to copy from
-            count = _read_into(fd, room)
+        if reader is not None:   # a channel: the rest of a large frame is read in place, the rest into scratch
+            room = reader.room(READ_CHUNK)
+            target = room if room is not None else self._scratch
+            count = _read_into(fd, target)
             if count is None:
                 return
             if count:
-                self._frames(run, fd, r, lambda: reader.filled(count))
+                self._frames(run, fd, r, (lambda: reader.filled(count)) if room is not None else
+                             (lambda: reader.feed(target[:count])))   # feed copies what it keeps
                 return
             chunk = b""
         else:

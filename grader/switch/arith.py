@@ -129,6 +129,12 @@ def reduce_arrays(arrays: list[np.ndarray], op: str | None, dtype: str, n: int, 
             for c, (start, stop) in enumerate(chunk_bounds(arrays[0].size, item, ranks, algorithm)):
                 if start == stop:
                     continue
+                if combine is np.add and not bf16:   # the same additions, into the result (no temporaries)
+                    acc = total[start:stop]
+                    np.add(arrays[(c - 2) % ranks][start:stop], arrays[(c - 1) % ranks][start:stop], out=acc)
+                    for k in range(3, ranks + 1):
+                        np.add(arrays[(c - k) % ranks][start:stop], acc, out=acc)
+                    continue
                 acc = arrays[(c - 1) % ranks][start:stop]
                 for k in range(2, ranks + 1):
                     acc = step(arrays[(c - k) % ranks][start:stop], acc)

@@ -33,14 +33,17 @@ from .tensors import REDUCES
 # for operations of at most SMALL_OP, the rest for larger ones (the oldest completed operation of a window makes
 # way for a new one). An answer computed before a long benchmark loop, after a long warm-up, or between a
 # warm-up and a loop whose tensors are of the other size class, keeps its evidence; one between loops of its
-# own size class may lose it (its checks then fail, saying so: evidence lost never passes a check).
+# own size class may lose it (its checks then fail, saying so: evidence lost never passes a check). An operation
+# too large for its window (an all_reduce of 16M float32: 64 MiB sent, as much perturbed and delivered) is kept
+# alone, the rank's latest such one: at most 2 x MAX_PAYLOAD + MAX_OUTPUT per rank beside the windows.
 LINEAR_REDUCES = (None, "SUM", "AVG", "PREMUL_SUM")   # what a perturbed operation may combine (None: no reduction)
 RETAIN_FIRST = 16 << 20
 RETAIN_LATEST = 32 << 20
 RETAIN_LATEST_SMALL = 8 << 20
 SMALL_OP = 256 << 10      # what keeping an operation's values costs (sent, entered, delivered)
 TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run (sent and delivered)
-MAX_OUTPUT = 32 << 20       # what one operation may deliver to one rank (an all_gather of 8 MiB at 4 ranks)
+MAX_OUTPUT = 64 << 20       # what one operation may deliver to one rank (an all_reduce of 16M float32, an
+#                             all_gather of 16 MiB at 4 ranks)
 MAX_IN_FLIGHT = 64 << 20    # what a rank's operations not yet completed may have sent (the switch holds it)
 MAX_TENSORS = 4096          # tensors in one operation
 MAX_OPS = 100_000           # operations of one rank in one run (each is kept as a record)
@@ -89,6 +92,7 @@ class Switch:
         self.first_full = [False] * world_size
         self.latest = [(deque(), deque()) for _ in range(world_size)]   # (call, bytes): small ones, the rest
         self.latest_bytes = [[0, 0] for _ in range(world_size)]
+        self.huge: list[Call | None] = [None] * world_size   # each rank's latest operation too large for a window
         self.traffic = [0] * world_size
         self.in_flight = [0] * world_size                    # bytes sent by each rank's operations not completed
         self._index: dict[tuple, int] = {}                   # (rank, group key) -> collectives so far
@@ -242,8 +246,10 @@ class Switch:
             self.first_full[rank] = True
         size = 0 if nbytes <= SMALL_OP else 1
         limit = RETAIN_LATEST_SMALL if size == 0 else RETAIN_LATEST - RETAIN_LATEST_SMALL
-        if nbytes > limit:
-            call.retained = False
+        if nbytes > limit:   # kept alone: the rank's latest operation of this size makes way for this one
+            if self.huge[rank] is not None:
+                _forget(self.huge[rank])
+            self.huge[rank] = call
             return
         window, held = self.latest[rank][size], self.latest_bytes[rank]
         while held[size] + nbytes > limit:
