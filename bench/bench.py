@@ -178,12 +178,13 @@ def main() -> int:
     ap.add_argument("--no-baseline", action="store_true", help="skip B (about 2 minutes on 2 cores)")
     ap.add_argument("--quick", action="store_true", help="--n 4 --scale 12 --batch-reps 1 --reps 2")
     ap.add_argument("--dataplane-only", action="store_true", help="only E: the switch's data plane against gloo")
+    ap.add_argument("--dataplane-rounds", type=int, default=dataplane.ROUNDS, help="runs of each kind in E (median)")
     args = ap.parse_args()
     if args.quick:
         args.n, args.scale, args.batch_reps, args.reps = 4, 12, 1, 2
     print(f"machine: {machine()}", flush=True)
     if args.dataplane_only:
-        dataplane.run()
+        dataplane.run(rounds=args.dataplane_rounds)
         return 0
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -206,7 +207,7 @@ def main() -> int:
         g, i = statistics.median(grade), statistics.median(imp)
         print(f"D  single `grade`: median {g:.2f} s over {args.reps}; `python -c \"import torch\"`: median {i:.2f} s; "
               f"ratio {g / i:.2f}x (goal <= 1.1x)", flush=True)
-    dataplane.run()
+    dataplane.run(rounds=args.dataplane_rounds)
     return 0
 
 

@@ -50,6 +50,15 @@ HEAP_MMAP_THRESHOLD = 128 << 20   # larger than any frame (wire.MAX_FRAME): a fr
 HEAP_TRIM_THRESHOLD = 256 << 20   # free memory the heap keeps at its top instead of giving it back
 
 
+def reuse_heap() -> None:
+    """This process's malloc (and its children's) keeps what is freed for reuse, up to HEAP_TRIM_THRESHOLD,
+    instead of returning it and faulting it in anew, page by page, at the next allocation of the same size
+    (an operation's frame in a rank: 4 MiB for 1M float32, ~1,000 page faults for each of a run's first
+    four). What a process holds at its peak does not change."""
+    libc.mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)   # glibc only; elsewhere nothing changes
+    libc.mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+
+
 def supervisor_memory() -> None:
     """The supervisor's memory for operations of MiBs, each of which allocates its frames, deltas and results
     anew (the records keep the previous ones a while). Measured with one all_reduce of 1M float32 at 2 ranks:
@@ -58,9 +67,8 @@ def supervisor_memory() -> None:
         operation that completed an all_reduce took 20-35 ms instead of 2.5, until the records' windows were
         full and memory was reused. Off here: 4 KiB pages, faulted as they are written;
       - glibc served each buffer from a fresh mapping, whose pages the kernel zeroed and faulted in one by one
-        (~1,400 faults per perturbed operation); kept in the heap and reused instead, ~500-800."""
-    libc.mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD)   # glibc only; elsewhere nothing changes
-    libc.mallopt(M_TRIM_THRESHOLD, HEAP_TRIM_THRESHOLD)
+        (~1,400 faults per perturbed operation); kept in the heap and reused instead (reuse_heap), ~500-800."""
+    reuse_heap()
     try:
         from numpy._core.multiarray import _set_madvise_hugepage
     except ImportError:   # numpy 1.x

@@ -15,7 +15,7 @@ import socket
 
 from . import store
 from .cgroup import join_cgroup
-from .linux import CLONE_NEWIPC, CLONE_NEWNET, set_parent_death_signal, setns, small_pages, unshare
+from .linux import CLONE_NEWIPC, CLONE_NEWNET, set_parent_death_signal, setns, reuse_heap, small_pages, unshare
 from .namespaces import enter_namespaces, loopback_up
 from .root import enter_root, new_root
 from .tree import CODE, EMPTY, LEADERS, PidNamespaces, fork_held, fork_ranks, report_exit
@@ -157,6 +157,7 @@ def _pod_main(ctrl: socket.socket, folder: str, conn_fd: int) -> None:
     failure), then it serves runs until the zygote closes its socket. Never returns."""
     try:
         small_pages()   # the pod and every rank
+        reuse_heap()    # and what it frees kept for reuse (linux.reuse_heap)
         os.close(conn_fd)
         PidNamespaces.close_in_child()
         Pods.close_in_child()

@@ -20,7 +20,7 @@ from .. import wire
 from . import rank, seccomp, store
 from .cgroup import join_cgroup
 from .limits import Limits, apply_limits, drop_privileges, uid_budget
-from .linux import CLONE_NEWPID, set_parent_death_signal, setns, small_pages, unshare
+from .linux import CLONE_NEWPID, set_parent_death_signal, setns, reuse_heap, small_pages, unshare
 from .namespaces import enter_namespaces, isolate_files, isolate_rank
 from .root import enter_root, new_root
 from .sandbox import Layers
@@ -213,6 +213,7 @@ def leader(req: dict, fds: list[int], conn_fd: int, init: bool = False) -> None:
     namespaces and is the run's pid 1 itself, one process fewer per run."""
     try:
         small_pages()   # pid 1 and every rank
+        reuse_heap()    # and what it frees kept for reuse (linux.reuse_heap)
         os.close(conn_fd)
         PidNamespaces.close_in_child()
         os.setsid()

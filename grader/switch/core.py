@@ -43,7 +43,9 @@ RETAIN_LATEST_SMALL = 8 << 20
 SMALL_OP = 256 << 10      # what keeping an operation's values costs (sent, entered, delivered)
 TRAFFIC_BYTES = 1 << 30     # what one rank may pass through the switch in one run (sent and delivered)
 MAX_OUTPUT = 64 << 20       # what one operation may deliver to one rank (an all_reduce of 16M float32, an
-#                             all_gather of 16 MiB at 4 ranks)
+#                             all_gather of 16 MiB at 4 ranks) ...
+FREE_OUTPUT = 32 << 20      # ... and beyond N times what it sent in it (a broadcast's receivers send nothing; a
+#                             list all_gather's K x K x N outputs of K small inputs are K^2 x N times their bytes)
 MAX_IN_FLIGHT = 64 << 20    # what a rank's operations not yet completed may have sent (the switch holds it)
 MAX_TENSORS = 4096          # tensors in one operation
 MAX_OPS = 100_000           # operations of one rank in one run (each is kept as a record)
@@ -55,7 +57,8 @@ class ProtocolError(Exception):
 
 class TrafficLimit(Exception):
     """A rank passed more than TRAFFIC_BYTES, or MAX_OPS operations, through the switch, asked one
-    operation for more than MAX_OUTPUT, or had more than MAX_IN_FLIGHT sent in operations not completed."""
+    operation for more than MAX_OUTPUT (or FREE_OUTPUT beyond N times what it sent), or had more than
+    MAX_IN_FLIGHT sent in operations not completed."""
 
 
 def _int(value, low: int, high: int) -> bool:
@@ -196,7 +199,9 @@ class Switch:
         out_bytes = sum(t.numel * wire.element_size(t.dtype) for t in args.flat_out)
         self.traffic[rank] += nbytes + out_bytes
         self.in_flight[rank] += nbytes
-        if out_bytes > MAX_OUTPUT or self.traffic[rank] > TRAFFIC_BYTES or self.in_flight[rank] > MAX_IN_FLIGHT:
+        amplified = out_bytes > FREE_OUTPUT and out_bytes > n * nbytes
+        if out_bytes > MAX_OUTPUT or amplified or self.traffic[rank] > TRAFFIC_BYTES or \
+                self.in_flight[rank] > MAX_IN_FLIGHT:
             raise TrafficLimit()
         call = Call(rank=rank, seq=seq, method=method, op=spec.op, group=tuple(group), root=root, reduce=reduce,
                     peer=peer, tag=tag, sends=sends, receives=receives, splits=splits,
