@@ -11,6 +11,8 @@ import socket
 import struct
 import threading
 
+import numpy as np
+
 from .. import wire
 
 _recv_into = socket.socket.recv_into
@@ -49,9 +51,9 @@ class Channel:
                 if buffers and sent:
                     buffers[0] = memoryview(buffers[0])[sent:]
 
-    def _exactly(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
+    def _exactly(self, n: int):
+        buf = np.empty(n, np.uint8) if n > 1 << 16 else bytearray(n)   # a large one is not zeroed first
+        view, got = memoryview(buf).cast("B"), 0
         while got < n:
             k = _recv_into(self.sock, view[got:])
             if not k:
