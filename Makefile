@@ -1,6 +1,7 @@
 # make grade   -- set up .venv (if needed) and grade the example class in examples/
 # make test    -- set up .venv (if needed) and run the test suite
-# make bench   -- batch grading against the seed-style harness, `grade` against a plain `import torch`, and the switch's data plane against gloo
+# make bench   -- batch grading against the seed-style harness, `grade` against a plain `import torch`,
+#                and the switch's data plane against gloo
 # make release -- regenerate the student versions in assignments/ from solutions/
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv

@@ -89,8 +89,8 @@ def run(sizes=SIZES, world_sizes=WORLD_SIZES, rounds: int = ROUNDS) -> list[dict
                 for kind, values in got.items():
                     failed = [v for v in values if isinstance(v, str)]
                     row[kind] = failed[0] if failed else statistics.median(values)
-                ratio = row["perturbed"] / row["gloo"] if all(isinstance(row[k], float) for k in ("gloo", "perturbed")) \
-                    else None
+                timed = all(isinstance(row[k], float) for k in ("gloo", "perturbed"))
+                ratio = row["perturbed"] / row["gloo"] if timed else None
                 rows.append(row)
                 print(f"   {ws:>5} {numel:>11,} {_cell(row['gloo'])} {_cell(row['switch'])} {_cell(row['perturbed'])} "
                       f"{f'{ratio:.2f}x' if ratio is not None else '-':>17}", flush=True)

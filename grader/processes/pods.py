@@ -15,7 +15,7 @@ import socket
 
 from . import store
 from .cgroup import join_cgroup
-from .linux import CLONE_NEWIPC, CLONE_NEWNET, set_parent_death_signal, setns, reuse_heap, small_pages, unshare
+from .linux import CLONE_NEWIPC, CLONE_NEWNET, reuse_heap, set_parent_death_signal, setns, small_pages, unshare
 from .namespaces import enter_namespaces, loopback_up
 from .root import enter_root, new_root
 from .tree import CODE, EMPTY, LEADERS, PidNamespaces, fork_held, fork_ranks, report_exit

@@ -20,7 +20,7 @@ from .. import wire
 from . import rank, seccomp, store
 from .cgroup import join_cgroup
 from .limits import Limits, apply_limits, drop_privileges, uid_budget
-from .linux import CLONE_NEWPID, set_parent_death_signal, setns, reuse_heap, small_pages, unshare
+from .linux import CLONE_NEWPID, reuse_heap, set_parent_death_signal, setns, small_pages, unshare
 from .namespaces import enter_namespaces, isolate_files, isolate_rank
 from .root import enter_root, new_root
 from .sandbox import Layers

@@ -128,8 +128,8 @@ def perturbed(values: np.ndarray, dtype: str, rng: np.random.Generator, call=Non
 
 
 def _steps(rng: np.random.Generator, low: int, high: int, c: np.ndarray) -> None:
-    """Fill `c` (floating) with integers drawn uniformly from low..high. A span of a power of two up to 256 (every dtype's
-    but float16's) is cut from the generator's raw 64-bit words: a tenth of the cost of `integers`."""
+    """Fill `c` (floating) with integers drawn uniformly from low..high. A span of a power of two up to 256
+    (every dtype's but float16's) is cut from the generator's raw 64-bit words: a tenth of `integers`' cost."""
     span = high - low + 1
     if span & (span - 1) or span > 256:
         c[...] = rng.integers(low, high + 1, size=c.size)
