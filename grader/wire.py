@@ -187,7 +187,10 @@ def tensor(desc, blobs: list) -> np.ndarray | None:
     values = np.frombuffer(raw, dtype="u1" if fmt is None else fmt)
     # in place where it can: a frame's buffer is the frame's alone (FrameReader makes one per frame), and
     # nothing writes what a rank sent; else (immutable bytes, or an address the dtype cannot load from) a copy
-    return values if values.flags.aligned and values.flags.writeable else values.copy()
+    if not (values.flags.aligned and values.flags.writeable):
+        return values.copy()
+    values.setflags(write=False)   # what a rank sent is evidence: nothing may write it (its copies are new arrays)
+    return values
 
 
 def to_bytes(array: np.ndarray, dtype: str) -> bytes:
