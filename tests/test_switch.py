@@ -378,6 +378,25 @@ def test_small_operations_have_a_window_of_their_own_so_an_answer_between_loops_
         assert kept + answer.retain_bytes <= core.RETAIN_LATEST
 
 
+def test_a_large_frame_is_read_in_place_and_what_it_carries_is_read_only_evidence():
+    """A frame's rest is read straight into its buffer (FrameReader.room / filled); the tensors view it, aligned
+    for their dtype, and nothing may write them (they are the record of what the rank sent)."""
+    values = [np.arange(3, dtype=np.float64) / 7, np.arange(1 << 18, dtype=np.float32)]
+    descs = [{"dtype": "torch.float64", "shape": [3], "blob": 0},
+             {"dtype": "torch.float32", "shape": [1 << 18], "blob": 1}]
+    raw = b"".join(bytes(b) for b in wire.pack({"t": "op", "inputs": descs}, values))
+    reader = wire.FrameReader()
+    assert reader.feed(raw[:4096]) == [] and reader.room(1 << 30) is None
+    room = reader.room(1024)
+    room[:] = raw[4096:]
+    [(header, blobs)] = reader.filled(len(room))
+    for desc, sent in zip(header["inputs"], values):
+        got = wire.tensor(desc, blobs)
+        assert got.tolist() == sent.tolist() and got.flags.aligned and not got.flags.owndata
+        with pytest.raises(ValueError):
+            got[0] = 1
+
+
 def test_an_all_reduce_of_16m_float32_is_carried_perturbed_and_its_evidence_kept():
     """64 MiB sent by each rank and delivered to each: within the switch's limits (MAX_PAYLOAD, MAX_OUTPUT), every
     element perturbed, and the record keeps what was sent, what entered and what was delivered (an operation
