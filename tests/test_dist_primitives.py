@@ -88,19 +88,12 @@ def test_solution_scores_100_and_teaches_the_ring_volumes(grade):
 
 
 @pytest.mark.timeout(240)
-def test_torch_compile_in_the_ranks_scores_every_visible_point():
-    """torch.compile (inductor) for the local arithmetic: each rank compiles in its own /tmp, whose file
-    lock inductor takes while it checks the C++ toolchain. Through `check` (the visible world size, switch and
-    real backend): every rank compiles afresh, so the hidden world sizes would only cost more of the same."""
-    proc = run_cli("check", str(FIXTURES / "compile" / "h50_torch_compile.py"), "--lang", "en", timeout=220)
-    assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
-
-
-@pytest.mark.timeout(240)
 def test_torch_compile_of_the_step_that_communicates_scores_every_visible_point():
-    """The collective inside the compiled function: dynamo traces it into the graph as a functional all-reduce
-    (`_c10d_functional.all_reduce` on the group by name), which the switch measures and perturbs as any
-    other; on gloo (the real-backend run) the same program gives the same values."""
+    """torch.compile (inductor) of the step, the collective inside it: dynamo traces it into the graph as a
+    functional all-reduce (`_c10d_functional.all_reduce` on the group by name), which the switch measures and
+    perturbs as any other, and inductor compiles the division, taking a file lock in the rank's own /tmp while
+    it checks the C++ toolchain. Through `check` (the visible world size, switch and real backend, where the
+    same program gives the same values): every rank compiles afresh, so hidden world sizes only cost more."""
     proc = run_cli("check", str(FIXTURES / "compile" / "h51_torch_compile_step_communicates.py"), "--lang", "en",
                    timeout=220)
     assert proc.returncode == 0 and "Score: 40 / 40" in proc.stdout, proc.stdout + proc.stderr
