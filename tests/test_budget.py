@@ -111,3 +111,30 @@ def test_nested_blocks_charge_each_budget_once_and_the_outer_bound_is_the_outer_
             with budget.spending(budget.Budget(50.0)):   # reads 5
                 budget.tick()                     # reads 6: past the outer deadline
     assert over.value.scope is scope
+
+
+def _warmed_up(ws: int, perturb: bool) -> tuple[Sim, list[np.ndarray]]:
+    """A bandwidth warm-up first (six all-reduces of 1M float32, averaged), then the exercise's mean gradient:
+    an honest program whose runs the switch keeps millions of values of."""
+    sim = Sim(ws, perturb=perturb)
+    buffer = [np.ones(1 << 20, dtype=np.float32) for _ in range(ws)]
+    for _ in range(6):
+        buffer = [b.astype(np.float32) / ws for b in sim.all_reduce(buffer)]
+    summed = sim.all_reduce([np.full(N, r + 1.0, dtype=np.float32) for r in range(ws)])
+    return sim, [s / ws for s in summed]
+
+
+def test_what_the_switch_kept_of_an_honest_run_widens_every_bound(monkeypatch):
+    """Reading back what a run kept (sorting it for the tracer's lookups, finding divisors in it) grows with
+    the data the ranks sent: a warm-up of 4 MB repeated before the answer costs ~1 s at 4 ranks, more on a
+    loaded machine. With the search's own bounds at zero, the kept values' allowance alone proves the value;
+    without the allowance the same proof is past its bound."""
+    for name in ("PROOF_SECONDS", "CHECK_SECONDS", "SUBMISSION_SECONDS"):
+        monkeypatch.setattr(budget, name, 0.0)
+    runs = WorldSizeRuns(2, clean=_run(*_warmed_up(2, perturb=False)), perturbed=[_run(*_warmed_up(2, perturb=True))])
+    assert RunView(runs.perturbed[0]).kept > 1_000_000
+    result = Judge(EXERCISE, "").evaluate(CHECK, runs)
+    assert result.outcome is Outcome.PASS, result.notes
+    monkeypatch.setattr(budget, "SECONDS_PER_MILLION_KEPT", 0.0)
+    result = Judge(EXERCISE, "").evaluate(CHECK, runs)
+    assert result.outcome is Outcome.NOT_COLLECTIVE and [n.key for n in result.notes] == ["fail.check_over_budget"]

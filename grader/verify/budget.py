@@ -22,7 +22,17 @@ from contextlib import contextmanager
 PROOF_SECONDS = 3.0           # one rank's value in one run
 CHECK_SECONDS = 6.0           # one check, its proofs included
 SUBMISSION_SECONDS = 15.0     # every proof and check of one submission
+# Besides the search, verification sorts and reads back what the switch kept of a run, which grows with the
+# data the ranks themselves sent (a 4 MB warm-up repeated before the answer: ~1 s of sorting at 4 ranks, more
+# on a loaded machine): each bound grows by this much per million kept elements of the runs it covers, so
+# that an honest program's volume never runs out a bound meant for a search gone combinatorial.
+SECONDS_PER_MILLION_KEPT = 1.0
 _EVERY = 16                   # ticks between two readings of the clock (each ~0.6 us)
+
+
+def allowance(kept_elements: int) -> float:
+    """Seconds of CPU a bound grows by for the runs it covers, which kept `kept_elements` values."""
+    return SECONDS_PER_MILLION_KEPT * kept_elements / 1e6
 
 
 class OverBudget(Exception):

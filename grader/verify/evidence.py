@@ -52,8 +52,13 @@ class Evidence:
 
     def view(self, run: RunOutcome) -> RunView:
         if id(run) not in self._views:
-            self._views[id(run)] = RunView(run)
+            self._views[id(run)] = view = RunView(run)
+            self.work.seconds += budget.allowance(view.kept)   # what reading this run back costs
         return self._views[id(run)]
+
+    def allowance(self, runs: WorldSizeRuns) -> float:
+        """Seconds a check's bound grows by for reading back what the switch kept of its runs."""
+        return sum(budget.allowance(self.view(run).kept) for run in runs.switch_runs)
 
     # -- values as reported
 
@@ -115,13 +120,14 @@ class Evidence:
     def _bounded(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
         """_prove within the proof's CPU budget and what is left of the submission's: past it, not proven
         ("over_budget", with the seconds of the bound that ran out)."""
-        with budget.spending(budget.Budget(budget.PROOF_SECONDS), self.work) as scope:
+        seconds = budget.PROOF_SECONDS + budget.allowance(self.view(run).kept)
+        with budget.spending(budget.Budget(seconds), self.work) as scope:
             try:
                 return self._prove(run, quantity, rank, value)
             except budget.OverBudget as over:
                 if over.scope is not scope:
                     raise    # an enclosing check's bound: its verdict
-                return Proof(False, Finding("over_budget", {"rank": rank, "seconds": scope.bound.seconds}))
+                return Proof(False, Finding("over_budget", {"rank": rank, "seconds": round(scope.bound.seconds, 1)}))
 
     def _prove(self, run: RunOutcome, quantity: Quantity, rank: int, value: Value) -> Proof:
         """The tracer's proof, or for a quantity of the reference step, the step replayed against the run."""

@@ -32,7 +32,8 @@ class Judge(Evidence):
         if kind is None or kind.evaluator is None:
             return CheckResult(check, Outcome.GRADER_ERROR, notes=[
                 Note("fail.grader_run", {"error": f"no evaluator for check kind {check.kind}"})])
-        with budget.spending(budget.Budget(budget.CHECK_SECONDS), self.work) as scope:
+        seconds = budget.CHECK_SECONDS + self.allowance(runs)   # the runs' views made (and counted) first
+        with budget.spending(budget.Budget(seconds), self.work) as scope:
             try:
                 return importlib.import_module(kind.evaluator).evaluate(self, check, runs)
             except budget.OverBudget as over:
@@ -41,7 +42,7 @@ class Judge(Evidence):
                 # what the runs show could not be read within the grader's work for one check: not passed,
                 # and nothing more is said of the code (budget.py)
                 return CheckResult(check, Outcome.NOT_COLLECTIVE, notes=[
-                    Note("fail.check_over_budget", {"seconds": scope.bound.seconds})])
+                    Note("fail.check_over_budget", {"seconds": round(scope.bound.seconds, 1)})])
 
     def evaluate_value(self, check: Check, runs: WorldSizeRuns) -> CheckResult:
         """A value check (the kinds that count for a correct answer only ask it of their quantity)."""

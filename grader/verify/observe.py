@@ -9,6 +9,7 @@ Pure numpy; no torch.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +73,13 @@ class RunView:
         self.ws = outcome.request.world_size
         self.calls = [rec.calls for rec in outcome.ranks]
         self.memo: dict = {}   # what verification derives once per run (provenance's sorted pools)
+
+    @functools.cached_property
+    def kept(self) -> int:
+        """How many values the switch kept of this run (sent and delivered, every rank): what reading it back
+        costs grows with it (budget.allowance)."""
+        return sum(int(getattr(a, "size", 0)) for calls in self.calls for call in calls
+                   for a in (*(call.sent or ()), *(call.delivered_arrays or ())) if a is not None)
 
     def global_rank(self, call: Call, group_rank: int | None) -> int | None:
         if group_rank is None:
