@@ -27,12 +27,15 @@ SUBMISSION_SECONDS = 15.0     # every proof and check of one submission
 # on a loaded machine): each bound grows by this much per million kept elements of the runs it covers, so
 # that an honest program's volume never runs out a bound meant for a search gone combinatorial.
 SECONDS_PER_MILLION_KEPT = 1.0
+# and no more than this much per bound, whatever was kept (the switch's windows allow hundreds of MB a run:
+# sending much must not buy a search minutes of the supervisor's time)
+MOST_ALLOWED = 10.0
 _EVERY = 16                   # ticks between two readings of the clock (each ~0.6 us)
 
 
 def allowance(kept_elements: int) -> float:
     """Seconds of CPU a bound grows by for the runs it covers, which kept `kept_elements` values."""
-    return SECONDS_PER_MILLION_KEPT * kept_elements / 1e6
+    return min(SECONDS_PER_MILLION_KEPT * kept_elements / 1e6, MOST_ALLOWED)
 
 
 class OverBudget(Exception):

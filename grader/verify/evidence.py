@@ -53,12 +53,14 @@ class Evidence:
     def view(self, run: RunOutcome) -> RunView:
         if id(run) not in self._views:
             self._views[id(run)] = view = RunView(run)
-            self.work.seconds += budget.allowance(view.kept)   # what reading this run back costs
+            # what reading this run back costs, within one allowance for the whole submission
+            self.work.seconds = min(self.work.seconds + budget.allowance(view.kept),
+                                    budget.SUBMISSION_SECONDS + budget.MOST_ALLOWED)
         return self._views[id(run)]
 
     def allowance(self, runs: WorldSizeRuns) -> float:
         """Seconds a check's bound grows by for reading back what the switch kept of its runs."""
-        return sum(budget.allowance(self.view(run).kept) for run in runs.switch_runs)
+        return budget.allowance(sum(self.view(run).kept for run in runs.switch_runs))
 
     # -- values as reported
 
