@@ -226,42 +226,40 @@ def group_name_conflict(run: RunOutcome) -> Note | None:
 def tag_mismatch(run: RunOutcome) -> Note | None:
     """A deadlock where a rank waits to receive from a peer whose send to it, also pending, carries another
     tag: a send pairs only with a receive of the same tag (and group)."""
-    if run.stop != Stop.DEADLOCK:
-        return None
-    for rec in run.ranks:
-        for call in rec.calls:
-            if call.op != "recv" or call.completed or call.peer is None:
-                continue
-            peer = global_peer(call, call.peer)
-            if not 0 <= peer < len(run.ranks):
-                continue
-            for send in run.ranks[peer].calls:
-                if send.op == "send" and not send.completed and global_peer(send, send.peer) == rec.rank \
-                        and send.tag != call.tag and send.group == call.group:
-                    return Note("cause.p2p_tag", {"rank": rec.rank, "peer": peer, **at(call), "tag": call.tag,
-                                                  "sent_tag": send.tag})
+    for rec, call, peer in _waiting_receives(run):
+        for send in run.ranks[peer].calls:
+            if send.op == "send" and not send.completed and global_peer(send, send.peer) == rec.rank \
+                    and send.tag != call.tag and send.group == call.group:
+                return Note("cause.p2p_tag", {"rank": rec.rank, "peer": peer, **at(call), "tag": call.tag,
+                                              "sent_tag": send.tag})
     return None
 
 
 def unmatched_receive(run: RunOutcome) -> Note | None:
     """A deadlock where a rank waits to receive from a peer that never sends to it (a wrong neighbour):
     receives posted and pending, but no send of that peer, pending or done, is addressed to this rank."""
+    for rec, call, peer in _waiting_receives(run):
+        sends = [c for c in run.ranks[peer].calls if c.op == "send"]
+        to = sorted({global_peer(c, c.peer) for c in sends} - {None})
+        # certain only of a peer that sends elsewhere: one that has sent nothing yet (blocked in its own
+        # receive first, say) may still send here
+        if to and not any(global_peer(c, c.peer) == rec.rank for c in sends):
+            return Note("cause.p2p_unmatched", {"rank": rec.rank, "peer": peer, "to": [str(t) for t in to] or ["-"]})
+    return None
+
+
+def _waiting_receives(run: RunOutcome):
+    """(rank record, receive, peer's global rank) of every receive still pending when the run deadlocked,
+    from a peer that exists."""
     if run.stop != Stop.DEADLOCK:
-        return None
+        return
     for rec in run.ranks:
         for call in rec.calls:
             if call.op != "recv" or call.completed or call.peer is None:
                 continue
             peer = global_peer(call, call.peer)
-            if not 0 <= peer < len(run.ranks):
-                continue
-            sends = [c for c in run.ranks[peer].calls if c.op == "send"]
-            to = sorted({global_peer(c, c.peer) for c in sends} - {None})
-            # certain only of a peer that sends elsewhere: one that has sent nothing yet (blocked in its own
-            # receive first, say) may still send here
-            if to and not any(global_peer(c, c.peer) == rec.rank for c in sends):
-                return Note("cause.p2p_unmatched", {"rank": rec.rank, "peer": peer, "to": [str(t) for t in to] or ["-"]})
-    return None
+            if 0 <= peer < len(run.ranks):
+                yield rec, call, peer
 
 
 def async_without_wait(calls: list[Call]) -> Call | None:
