@@ -444,3 +444,26 @@ def test_a_max_all_reduce_travels_unperturbed_where_a_sum_is_perturbed():
     assert all((s > 2.0).all() for s in sums)   # 1 + 1 plus positive deltas
     maxed, summed = sim.switch.calls[0]
     assert maxed.perturbed is None and summed.perturbed is not None
+
+
+def test_a_float16_sum_near_the_limit_is_never_proven_whatever_the_draw():
+    """Whether perturbed data can overflow a float16 sum is decided by what the ranks sent, never by the draw:
+    positive parts past about 4/5 of 65504 (57344 = 13280 + 44064) are unproven in every grading; under it
+    (52000), or a negative sum of any size (-61744: deltas move it toward zero), no draw ever overflows."""
+    from grader.switch import perturb
+    from grader.verify.evidence import near_overflow
+    from grader.verify.observe import RunView
+    for seed in range(40):
+        for pair, unsafe in (([13280.0, 44064.0], True), ([26000.0, 26000.0], False), ([-9424.0, -52320.0], False),
+                             ([50000.0, -20000.0], False)):
+            sim = Sim(2, dtype="torch.float16", seed=seed)
+            out = sim.all_reduce([np.array([v, 1.0]) for v in pair])
+            if not unsafe:
+                assert np.isfinite(out[0]).all()
+            call = sim.switch.calls[0][0]
+            finding = near_overflow(RunView(sim.run()), [call])
+            assert (finding is not None) == unsafe and (finding is None or finding.key == "near_overflow")
+    # the bound itself: the largest delta of float16 is 1/4, and each rank adds at most c
+    assert perturb.may_overflow(np.array([52403.0 * 1.01]), 2, "torch.float16")
+    assert not perturb.may_overflow(np.array([52000.0]), 2, "torch.float16")
+    assert not perturb.may_overflow(np.array([3e38]), 2, "torch.float64")

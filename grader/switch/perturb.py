@@ -58,6 +58,32 @@ REDUCING_APIS = frozenset(name.rsplit(".", 1)[-1] for name, op in comm.API_NAMES
                            if op in SUMS and name.startswith("torch.distributed."))
 
 
+# the largest finite value of each floating dtype a sum may reach: past it, a perturbed sum may be inf
+LARGEST = {"torch.float16": 65504.0, "torch.bfloat16": 3.3895313892515355e38,
+           "torch.float32": 3.4028234663852886e38, "torch.float64": 1.7976931348623157e308}
+
+
+def reach(dtype: str) -> float:
+    """The largest c of `dtype`'s deltas: a value x enters as at most x + c (1 + |x|)."""
+    steps = STEPS[dtype]
+    return HIGHEST.get(dtype, steps) / steps
+
+
+def may_overflow(positive: np.ndarray, terms: int, dtype: str) -> bool:
+    """Whether some draw of deltas could take a sum past `dtype`'s largest value: `positive` holds, per
+    delivered element, the sum of the positive parts of what went into it, over `terms` contributions. A
+    positive x enters as at most x (1 + c) + c, a negative one moves toward zero: no partial sum of the
+    perturbed data, in any order, exceeds sum(max(x, 0)) (1 + c) + terms c. Decided by what was sent alone,
+    never by the draw, so that a sum near the limit gets the same verdict in every grading (a sum within
+    4/5 of float16's 65504 never overflows; past it, some draw may)."""
+    largest = LARGEST.get(dtype)
+    if largest is None or not positive.size:
+        return False
+    c = reach(dtype)
+    # a margin of 1/256 for the rounding of each partial sum (half a unit in the last place at most)
+    return bool(float(np.max(positive)) * (1 + c) + terms * c > largest * (1 - 1 / 256))
+
+
 def generator() -> np.random.Generator:
     """A fresh generator seeded from the system's secrets (one per run)."""
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))

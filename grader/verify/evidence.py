@@ -15,10 +15,11 @@ from ..comm import OPS
 from ..exercise.spec import Exercise, Linear, Quantity
 from ..model import Outcome
 from ..records import How, RankRecord, RunOutcome, Stop
-from ..switch.perturb import perturbable
+from ..switch.perturb import LARGEST, may_overflow, perturbable
 from ..wire import HALF
 from . import outcomes
 from . import budget
+from .diagnose import at
 from .compare import all_close
 from .linear import LinearProof
 from .observe import RunView, Value
@@ -125,7 +126,9 @@ class Evidence:
         seconds = budget.PROOF_SECONDS + budget.allowance(self.view(run).kept)
         with budget.spending(budget.Budget(seconds), self.work) as scope:
             try:
-                return self._prove(run, quantity, rank, value)
+                proof = self._prove(run, quantity, rank, value)
+                near = near_overflow(self.view(run), proof.calls) if proof.ok else None
+                return proof if near is None else Proof(False, near, proof.calls)
             except budget.OverBudget as over:
                 if over.scope is not scope:
                     raise    # an enclosing check's bound: its verdict
@@ -284,3 +287,29 @@ def _tolerance(quantity: Quantity, value: Value) -> str:
     return "torch.float32" if value.dtype in HALF else (value.dtype or "torch.float32")
 
 
+def near_overflow(view: RunView, calls) -> Finding | None:
+    """The first operation a proven value came through whose sum some draw of the deltas could take past its
+    dtype's largest value (switch.perturb.may_overflow, from what the ranks sent): such a value is proven in
+    one grading and inf in the next, so it is never proven ("near_overflow"), whatever this run's draw was.
+    A float16 sum whose positive parts stay under about 4/5 of 65504 is never concerned."""
+    for call in calls:
+        if not (call.ok and call.receives and view.perturbed(call)):
+            continue
+        for k, delivered in enumerate(call.delivered_values()):
+            dtype = str(call.delivered[k].get("dtype", "")) if k < len(call.delivered) else ""
+            if delivered is None or dtype not in LARGEST or not delivered.size:
+                continue
+            terms = view.sources(call, k, np.arange(delivered.size))
+            if isinstance(terms, str):
+                continue
+            sent = [view.flat(t.call, "sent") for t in terms]
+            # at most the largest positive element of every contribution: most operations end here
+            if not may_overflow(np.array([sum(max(float(s.max(initial=0.0)), 0.0) for s in sent)]), len(terms), dtype):
+                continue
+            positive = np.zeros(delivered.size)
+            for term, values in zip(terms, sent):
+                mask = (term.sent_positions >= 0) & (term.sent_positions < values.size)
+                positive[mask] += np.maximum(values[term.sent_positions[mask]], 0.0)
+            if may_overflow(positive, len(terms), dtype):
+                return Finding("near_overflow", {"rank": call.rank, "op": call.op, **at(call)})
+    return None

@@ -5,6 +5,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     # --- causes (value-free ones may show in hidden checks: see render.hidden_safe)
     "cause.not_finite": ("原因：{op} 送来的结果里已经有 inf 或 nan：求和超出了数据类型能表示的最大值（float16 最大约 65504）。请把数据（例如损失缩放系数）调小，或用范围更大的类型通信。",
                          "Cause: what {op} delivered already held inf or nan: the sum went past its dtype's largest value (float16's is 65504). Scale the data down (a loss scale, say), or communicate in a wider dtype."),
+    "cause.near_overflow": ("原因：{op} 的求和太接近数据类型能表示的最大值（float16 最大约 65504），评分器改动过的数据可能让它超出上限（inf）。请把数据（例如损失缩放系数）调小，或用范围更大的类型通信。",
+                            "Cause: the sum in {op} comes so close to its dtype's largest value (float16's is 65504) that the grader's changed data can take it past the limit (inf). Scale the data down (a loss scale, say), or communicate in a wider dtype."),
     "cause.summed_not_averaged": ("原因：{quantity} 是平均值的 world_size 倍——求和（SUM）之后还要除以 world_size。",
                                   "Cause: {quantity} is world_size times the mean: after the sum (SUM), divide by world_size."),
     "cause.averaged_twice": ("原因：ReduceOp.AVG 已经除以了 world_size，之后又除了一次，{quantity} 只有平均值的 1/world_size。",

@@ -125,6 +125,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                          "  What rank {rank} received in its operation #{n}, {op} (line {line}), does not match what the ranks sent (paired with another operation?)."),
     "why.not_finite": ("  进程 {rank} 在 {op}（第 {line} 行）中收到的数据含有 inf 或 nan：求和超出了该数据类型能表示的最大值（float16 最大约 65504）。",
                        "  What rank {rank} received in {op} (line {line}) holds inf or nan: the sum went past its dtype's largest value (float16's is 65504)."),
+    "why.near_overflow": ("  进程 {rank} 在 {op}（第 {line} 行）中收到的求和太接近该数据类型能表示的最大值（float16 最大约 65504）：评分器改动过的数据可能让它超出上限。",
+                          "  The sum rank {rank} received in {op} (line {line}) comes so close to its dtype's largest value (float16's is 65504) that the grader's changed data can take it past the limit."),
     "why.nonlinear": ("  {op} 用的是 ReduceOp.{reduce}，得到的不是各进程数据之和。", "  {op} used ReduceOp.{reduce}, which does not add the ranks' data."),
     "why.unmatched": ("  进程 {rank} 收到的数据找不到对应的发送。", "  Data rank {rank} received matches no send."),
     "why.incomplete": ("  不是所有进程都参加了 {op}。", "  Not every rank took part in {op}."),

@@ -107,9 +107,11 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
                                             p.ranks[record.rank], ws) for p in runs.perturbed):
             outcome = Outcome.WRONG   # right here by luck: the mean happens to be whole
             notes.append(Note("cause.floor_division", {"quantity": quantity.name}))
-        elif proven is False and (proof is not None and proof.finding is not None and proof.finding.key == "not_finite"
+        elif proven is False and (proof is not None and proof.finding is not None
+                                  and proof.finding.key in ("not_finite", "near_overflow")
                                   or judge._overflowed(runs, quantity, record.rank, ws)):
-            # right in the clean run, but the perturbed data took a sum past its dtype's largest value
+            # right in the clean run, but a sum so near its dtype's largest value that perturbed data takes
+            # (or some draw would take) it past
             outcome = Outcome.NOT_COLLECTIVE
             notes.append(Note("fail.overflowed", {**label, "ops": _ops_text(quantity)}))
         elif proven is False and judge._dropped(runs, quantity, record.rank):
