@@ -250,8 +250,8 @@ def grade(tmp_path):
 # The files that take longest go to the workers first, longest first (measured: `--durations=0`, summed per
 # file), so that the workers finish together instead of one running the last big file alone.
 # --dist loadfile hands out files in collection order once xdist's own reordering (by number of tests) is
-# off (--no-loadscope-reorder, pyproject.toml); tests/test_fixtures.py is handed out per exercise and kind of
-# fixture (pytest_xdist_make_scheduler below), the largest folders first. The nbgrader round trip is the longest
+# off (--no-loadscope-reorder, pyproject.toml); tests/test_fixtures.py is handed out per exercise (one batch
+# per language grades all of its fixtures: pytest_xdist_make_scheduler below), the largest exercises first. The nbgrader round trip is the longest
 # file that cannot be cut: it starts first.
 SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_fixtures.py", "test_differential.py", "test_dist_primitives.py",
                  "test_sandbox.py",
@@ -260,8 +260,8 @@ SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_fixtures.py", "test_differential.
                  "test_switch.py", "test_notebook.py", "test_authoring.py", "test_zero_sharded_step.py",
                  "test_discovery.py", "test_readme.py", "test_redteam.py", "test_classreport.py",
                  "test_hierarchical_allreduce.py", "test_fp16_allreduce.py"]
-# A module whose tests are handed out per value of their first parameter's id, up to its second "/": one
-# scope per exercise and kind of fixture (tests of a whole exercise, or of none, are scopes of their own)
+# A module whose tests are handed out per value of their first parameter's id, up to its first "/": one scope
+# per exercise (tests of none are a scope of their own)
 PER_PARAMETER = ("test_fixtures.py",)
 
 
@@ -269,13 +269,13 @@ def pytest_collection_modifyitems(items):
     def rank(item):
         name = item.path.name
         order = SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
-        if name in PER_PARAMETER:   # the graded fixtures first, the largest folders first
+        if name in PER_PARAMETER:   # the graded fixtures first, the largest exercises first
             scope = _scope(item.nodeid)
-            return order, -_SIZES.get(scope, 0) if "/" in scope else 1
+            return order, -_SIZES.get(scope, 0) if "[" in scope else 1
         return order, 0
     for item in items:
         scope = _scope(item.nodeid)
-        if "/" in scope:
+        if "[" in scope:
             _SIZES[scope] = _SIZES.get(scope, 0) + 1
     items.sort(key=rank)   # stable: each file keeps its own order
 
@@ -284,12 +284,12 @@ _SIZES: dict = {}
 
 
 def _scope(nodeid: str) -> str:
-    """The unit of work xdist hands one worker: the file; for PER_PARAMETER, the file and the first two parts
-    of its test's parameter id (`tests/test_fixtures.py[dist_primitives/honest]`)."""
+    """The unit of work xdist hands one worker: the file; for PER_PARAMETER, the file and the first part of its
+    test's parameter id (`tests/test_fixtures.py[dist_primitives]`)."""
     path, _, rest = nodeid.partition("::")
     if path.rsplit("/", 1)[-1] in PER_PARAMETER and "[" in rest:
         param = rest.split("[", 1)[1].rstrip("]")
-        return f"{path}[{'/'.join(param.split('/')[:2])}]"
+        return f"{path}[{param.split('/')[0]}]"
     return path
 
 

@@ -251,12 +251,13 @@ def test_hostile_class_through_batch(tmp_path):
         shutil.copy(FIXTURES / "dist_primitives" / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
     out = tmp_path / "out"
     # 1280 MiB per rank (a real-backend rank of honest code peaks near 900 MiB of address space): the memory
-    # toucher, which writes every page it gets, costs a third of the CPU that the default 2 GiB would. 3 s per
+    # toucher, which writes every page it gets, costs a third of the CPU that the default 2 GiB would. 2 s per
     # run: the endless loop (one rank spinning, the others waiting for it) and the memory toucher run until their
-    # runs' time limit (6 runs each), and an honest run beside them took up to 0.9 s in a loaded suite (stretched
-    # as the machine is slower: the fork bomb's processes are counted before it)
+    # runs' time limit (6 runs each), each second of it a second of CPU the rest of the suite waits for, and an
+    # honest run beside them took up to 0.9 s in a loaded suite (stretched as the machine is slower: the fork
+    # bomb's processes are counted before it)
     proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2",
-                                           "--time-limit", f"{stretched(3):.1f}", "--memory-mb", "1280", "--lang", "en",
+                                           "--time-limit", f"{stretched(2):.1f}", "--memory-mb", "1280", "--lang", "en",
                                            timeout=170)
     assert proc.returncode == 0, proc.stderr[-2000:]
     expected = {
