@@ -112,10 +112,11 @@ class RunView:
             self.memo[key] = np.concatenate([v for v in values if v is not None] or [np.zeros(0)])
         return self.memo[key]
 
-    def divisors(self, rank: int) -> list[tuple[float, float]]:
+    def divisors(self, rank: int, limit: int | None = None) -> list[tuple[float, float]]:
         """Delivered elements of a summing all-reduce whose unperturbed value is the number of ranks (an
-        all-reduced count, alone or in a bucket), as (perturbed value, unperturbed value): at most 16."""
-        key = ("divisors", rank)
+        all-reduced count, alone or in a bucket), as (perturbed value, unperturbed value): at most 16 (`limit`:
+        in outputs of at most that many elements)."""
+        key = ("divisors", rank, limit)
         if key in self.memo:
             return self.memo[key]
         out = []
@@ -128,7 +129,7 @@ class RunView:
                 tick()
                 if len(out) >= 16:
                     break
-                if data is None or not data.size:
+                if data is None or not data.size or (limit is not None and data.size > limit):
                     continue
                 terms = self.sources(call, k, np.arange(data.size))
                 if isinstance(terms, str):

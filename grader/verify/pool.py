@@ -32,8 +32,8 @@ class Pool:
         return np.append(self.starts[1:], self.flat.size)
 
 
-def pool(view, rank: int) -> Pool:
-    """The pool of one rank of a run."""
+def pool(view, rank: int, limit: int | None = None) -> Pool:
+    """The pool of one rank of a run (`limit`: only the outputs of at most that many elements)."""
     entries = []
     for call in view.calls[rank]:
         if not (call.completed and call.ok and call.receives and call.delivered):
@@ -42,7 +42,7 @@ def pool(view, rank: int) -> Pool:
             continue
         for k, data in enumerate(call.delivered_values()):
             # evidence is perturbed elements only (integers that travelled as sent are not)
-            if data is not None and data.size and view.evidence(call, k):
+            if data is not None and data.size and (limit is None or data.size <= limit) and view.evidence(call, k):
                 entries.append((call, k, data))
     if entries:
         flat = np.concatenate([e[2] for e in entries])
@@ -51,3 +51,10 @@ def pool(view, rank: int) -> Pool:
         return Pool(entries, np.array([e[0].completed_at for e in entries]), starts, flat[index], index, flat)
     return Pool([], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
                 np.zeros(0, dtype=np.int64), np.zeros(0))
+
+
+def largest(view, rank: int) -> int:
+    """The most elements one output delivered to this rank holds (0: none): whether a pool of the smaller ones
+    leaves anything out."""
+    return max((data.size for call in view.calls[rank] if call.completed and call.ok and call.receives
+                for data in call.delivered_values() if data is not None), default=0)

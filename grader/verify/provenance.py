@@ -49,8 +49,9 @@ class _TooComplex(Exception):
 
 
 class Tracer:
-    def __init__(self, view: RunView, quantity, dtype: str = "torch.float32"):
+    def __init__(self, view: RunView, quantity, dtype: str = "torch.float32", limit: int | None = None):
         self.view, self.quantity, self.ws = view, quantity, view.ws
+        self.limit = limit    # search only deliveries of at most this many elements (None: all of them)
         self.options = [quantity.local_options(q, self.ws) for q in range(self.ws)]
         self.locals = [options[0] for options in self.options]
         self.atol, self.rtol = tolerance(dtype)
@@ -116,9 +117,9 @@ class Tracer:
 
     def _pool(self, rank: int) -> Pool:
         """Built once per run and rank (the view keeps it for every proof of the run)."""
-        key = ("pool", rank)
+        key = ("pool", rank, self.limit)
         if key not in self.view.memo:
-            self.view.memo[key] = pool(self.view, rank)
+            self.view.memo[key] = pool(self.view, rank, self.limit)
         return self.view.memo[key]
 
     def _usable(self, rank: int, pool: Pool, before: int | None) -> np.ndarray:
@@ -180,7 +181,7 @@ class Tracer:
         n = float(self.ws)
         scales = [(1.0, 1.0), (1.0 / n, 1.0 / n), (n, n)]
         if top:
-            for d, clean in self.view.divisors(rank):
+            for d, clean in self.view.divisors(rank, self.limit):
                 scales.append((1.0 / d, 1.0 / clean))
         return scales
 
