@@ -213,3 +213,23 @@ def test_a_sum_past_its_dtypes_largest_value_is_named_not_taken_for_a_mismatch()
     with np.errstate(all="ignore"):   # as api.grade judges: the student's numbers may be inf
         proofs = prove(sim, MEAN, [np.full(N, 32500.0)] * 2)
     assert {p.finding.key for p in proofs} == {"not_finite"}
+
+
+def test_a_bandwidth_loop_beside_the_answer_is_not_searched_when_the_answer_proves_without_it():
+    """The tracer searches a rank's smaller deliveries first (evidence._traced): a value proven there never
+    sorts a warm-up's 256K-element buffers; a value that needs a large delivery (its bucket) is searched again
+    in everything and proven there."""
+    from grader.verify.evidence import _traced
+    ws = 2
+    sim = Sim(ws)
+    for _ in range(2):
+        sim.all_reduce([np.ones(1 << 18) for _ in range(ws)])                  # the bandwidth warm-up
+    bucket = sim.all_reduce([np.concatenate([gradient(r, ws), np.ones(1 << 16)]) for r in range(ws)])
+    out = sim.all_reduce([gradient(r, ws) for r in range(ws)])
+    view = RunView(sim.run())
+    for rank in range(ws):
+        assert _traced(view, MEAN, rank, np.asarray(out[rank] / ws), "torch.float32").ok
+    assert not any(key[0] == "pool" and key[2] is None for key in view.memo if isinstance(key, tuple))
+    # from the bucket alone (N gradient values at the head of a 64K-element bucket): the whole pool proves it
+    proof = _traced(view, MEAN, 0, np.asarray(bucket[0][:N] / ws), "torch.float32")
+    assert proof.ok and ("pool", 0, None) in view.memo
