@@ -314,21 +314,24 @@ def near_overflow(view: RunView, calls) -> Finding | None:
     for call in calls:
         if not (call.ok and call.receives and view.perturbed(call)):
             continue
+        senders = [p for p in call.partners.values() if p.sends]
         for k, delivered in enumerate(call.delivered_values()):
             dtype = str(call.delivered[k].get("dtype", "")) if k < len(call.delivered) else ""
             if delivered is None or dtype not in LARGEST or not delivered.size:
+                continue
+            # at most the largest positive element of every sender's data, each counted once: nearly every
+            # operation ends here, before its elements are mapped to their sources
+            top = sum(max(float(view.flat(p, "sent").max(initial=0.0)), 0.0) for p in senders)
+            if not may_overflow(np.array([top]), len(senders), dtype):
                 continue
             terms = view.sources(call, k, np.arange(delivered.size))
             if isinstance(terms, str):
                 continue
             sent = [view.flat(t.call, "sent") for t in terms]
-            # at most the largest positive element of every contribution: most operations end here
-            if not may_overflow(np.array([sum(max(float(s.max(initial=0.0)), 0.0) for s in sent)]), len(terms), dtype):
-                continue
             positive = np.zeros(delivered.size)
             for term, values in zip(terms, sent):
                 mask = (term.sent_positions >= 0) & (term.sent_positions < values.size)
                 positive[mask] += np.maximum(values[term.sent_positions[mask]], 0.0)
-            if may_overflow(positive, len(terms), dtype):
+            if may_overflow(positive, len(senders), dtype):   # one value of each sender at most in an element
                 return Finding("near_overflow", {"rank": call.rank, "op": call.op, **at(call)})
     return None
