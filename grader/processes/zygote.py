@@ -33,13 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-# torch.compile in a rank: no precompiled header (hundreds of MB, past a rank's file-size limit), no pool of
-# compile workers (processes a rank's budget has no room for), and scalar C++ kernels (the vectorized ones
-# take g++ ~10 s per rank to compile, the scalar ones ~2 s: a grading's tensors are small). Read when
-# inductor is imported; every run compiles afresh, in its own /tmp (no cache is shared between runs).
-os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+from . import inductor  # the standard library only, until warm_up()
+
+inductor.set_environment()   # before torch: inductor reads it when imported
 
 from . import sandbox  # noqa: E402  (the standard library only)
 from .root import interpreter_paths  # noqa: E402
@@ -165,6 +161,11 @@ def _preload(modules) -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001  (not a module: the rank will say what the student wrote)
                 pass
+    # torch.compile: the precompiled header and inductor's set-up, once, for every rank this zygote forks
+    if "torch._inductor.compile_fx" in modules and "torch._inductor.compile_fx" in sys.modules \
+            and inductor.warm_up() and inductor.HEADERS not in CODE:
+        CODE.append(inductor.HEADERS)   # read-only in every run's root from now on
+        Pods.retire()                   # roots built before lack it
 
 
 def _stop_all_runs() -> None:

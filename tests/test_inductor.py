@@ -1,0 +1,78 @@
+"""torch.compile's precompiled header: built by the zygote (trusted), read-only for ranks (grader/processes/inductor.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import PY, ROOT, stretched
+from grader.processes import inductor
+
+# A zygote's part, then a rank's: the rank is a fork with its own inductor cache folder, as in a run.
+SCRIPT = r"""
+import json, os, subprocess, sys, threading
+sys.path.insert(0, sys.argv[1])
+from grader.processes import inductor
+inductor.set_environment()
+import torch, torch._inductor.compile_fx
+from torch._inductor import codecache
+out = {"first": inductor.warm_up(), "threads": threading.active_count(), "headers": list(inductor._STATE["headers"].values())}
+out["answers"] = codecache._precompile_header is inductor._prebuilt
+(header, line), = list(inductor._STATE["headers"].items())[:1]
+out["unknown"] = inductor._prebuilt(header, line + " -O0")
+listing = sorted(os.listdir(inductor.HEADERS))
+read, write = os.pipe()
+if os.fork() == 0:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[2]
+    commands = []
+    real = subprocess.Popen.__init__
+    def record(self, args, *rest, **kw):
+        commands.append(" ".join(args) if isinstance(args, list) else str(args))
+        real(self, args, *rest, **kw)
+    subprocess.Popen.__init__ = record
+    value = torch.compile(lambda g, n: g / n)(torch.full((16,), 6.0), 3)
+    os.write(write, json.dumps({"value": value.tolist()[0], "commands": commands}).encode())
+    os._exit(0)
+os.close(write)
+child = json.loads(os.read(read, 1 << 20)); os.wait()
+out.update(child, listing_unchanged=sorted(os.listdir(inductor.HEADERS)) == listing)
+inductor._STATE.clear()   # a later zygote: it finds the header through the manifest, never building one
+def refuse(*args, **kw):
+    raise AssertionError("built again")
+codecache._precompile_header = refuse
+out["second"] = inductor.warm_up()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_the_zygote_builds_the_header_once_and_ranks_compile_with_it_read_only(tmp_path):
+    env = dict(__import__("os").environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run([PY, "-c", SCRIPT, str(ROOT), str(tmp_path / "rank-cache")], env=env, capture_output=True,
+                          text=True, timeout=stretched(200))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    folder = tmp_path / "cache" / "grader" / "inductor-headers"
+    assert got["first"] and got["second"] and got["answers"]
+    assert got["threads"] == 1   # the zygote forks ranks after it: no compile worker or thread may be left
+    assert got["headers"] and all(h.startswith(str(folder)) for h in got["headers"])
+    for header in got["headers"]:   # ranks run as other users
+        for name in (header, header + ".gch"):
+            assert oct(__import__("os").stat(name).st_mode & 0o777) == "0o644"
+    assert got["unknown"] is None   # another command line: compiled without a header, never built in a rank
+    assert got["value"] == 2.0 and got["listing_unchanged"]
+    [build] = [c for c in got["commands"] if c.startswith("g++") and ".main.cpp" in c]
+    assert f"-include {got['headers'][0]}" in build   # the rank's one g++ used the zygote's header
+    assert not [c for c in got["commands"] if " -E " in c or "openssl" in c]   # and never preprocessed one
+    assert list(folder.glob("manifest-*.json"))
+
+
+def test_a_folder_others_can_write_is_never_used(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert inductor._own_folder(str(shared / "inductor-headers")) is None
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    assert inductor._own_folder(str(mine / "inductor-headers")) == str(mine / "inductor-headers")
