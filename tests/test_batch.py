@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import os
 import shutil
 import signal
@@ -179,6 +180,29 @@ def test_sigkill_mid_batch_then_resume_grades_only_what_is_missing(tmp_path):
     assert no_temporaries(out)
     rows = read_csv(out / "grades.csv")
     assert list(rows) == names and all(r["total"] == "100" for r in rows.values())
+
+
+@pytest.mark.timeout(120)
+def test_also_lang_reports_one_grading_in_both_languages_and_resumes_each(tmp_path):
+    """--also-lang: OUT/<lang>/<student>.json holds the same grading in the other language (the same scores and
+    outcomes, its own words); a rerun reuses a student only while both files are current."""
+    cls = make_class(tmp_path / "cls", {"good": "honest.py", "stack": "summed.py"})
+    out = tmp_path / "out"
+    proc = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "zh", "--also-lang", "en",
+                   "--exercise", "dist_primitives")
+    assert proc.returncode == 0, proc.stderr
+    for name in ("good", "stack"):
+        zh, en = (json.loads((folder / f"{name}.json").read_text(encoding="utf-8")) for folder in (out, out / "en"))
+        assert zh["score"] == en["score"] and zh["extra_data"]["outcomes"] == en["extra_data"]["outcomes"]
+        assert (zh["extra_data"]["batch"]["lang"], en["extra_data"]["batch"]["lang"]) == ("zh", "en")
+        assert re.search(r"[\u4e00-\u9fff]", zh["tests"][0]["output"]) and not re.search(r"[\u4e00-\u9fff]", en["tests"][0]["output"])
+    assert json.loads((out / "stack.json").read_text())["score"] < 100
+    assert not (out / "en" / "grades.csv").exists() and not list((out / "en").glob("*.html"))
+    (out / "en" / "stack.json").unlink()
+    again = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "zh", "--also-lang", "en",
+                    "--exercise", "dist_primitives")
+    assert "本次评分 1 份，沿用已有结果 1 份" in again.stdout, again.stdout   # the batch speaks --lang
+    assert (out / "en" / "stack.json").exists()
 
 
 @pytest.mark.timeout(90)

@@ -1,6 +1,7 @@
 """Every exercise the registry finds (solutions/, --exercises-dir, GRADER_EXERCISES), through its fixture
-submissions: all of an exercise's graded by ONE `python -m grader batch` per language (honest, mistakes and
-cheats in one class folder: a batch's start-up, its zygote's import of torch, once), and every fixture
+submissions: all of an exercise's graded by ONE `python -m grader batch` (honest, mistakes and cheats in one
+class folder: a batch's start-up, its zygote's import of torch, once; each grading reported in English and,
+with --also-lang, in Chinese), and every fixture
 compared with its sidecar (tests/expectations.py; the format: docs/exercises.md, "Fixtures: what the tests
 check"). Honest styles get full marks and name no cause; each mistake and cheat gets exactly the score,
 outcomes and causes its sidecar says, and shows the messages it lists; no hidden check reveals a value. Every
@@ -24,8 +25,7 @@ from grader.feedback.messages import CATALOG, render
 from grader.feedback.render import HIDDEN_VARIANTS
 
 EXERCISES = registry.available()   # loading them adds their messages to the catalog under their names
-# The first test of an exercise grades its fixtures (one batch per language, shared with its other tests and with
-# every worker)
+# The first test of an exercise grades its fixtures (one batch, shared with its other tests and with every worker)
 GRADES_A_FOLDER = pytest.mark.timeout(BATCH_TIMEOUT + 60)
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -62,25 +62,28 @@ FIXTURES = list(_every_fixture())
 
 
 @cache
-def _group(exercise: str, lang: str, options: tuple) -> tuple:
-    """The fixtures of one exercise (every kind) graded together in one language with the same options: one
+def _group(exercise: str, options: tuple) -> tuple:
+    """The fixtures of one exercise (every kind, either language) graded together with the same options: one
     class folder, so each name is one student (a name in two kinds would be one student graded twice)."""
-    group = tuple(f for f in expectations.fixtures(EXERCISES[exercise]) if lang in f.langs and f.options == options)
+    group = tuple(f for f in expectations.fixtures(EXERCISES[exercise]) if f.options == options)
     names = [f.name for f in group]
     assert len(names) == len(set(names)), f"{exercise}: two fixtures of one name in different kinds"
     return group
 
 
 _GRADED: dict = {}
+LANGS = ("en", "zh")   # one batch reports each grading in both (--also-lang): a fixture of both is graded once
 
 
 def graded(tmp_path_factory, fixture, lang: str) -> dict:
-    """results.json of `fixture` graded in `lang`: its exercise's batch in that language (one per session)."""
-    key = (fixture.exercise, lang, fixture.options)
+    """results.json of `fixture` in `lang`: its exercise's batch (one per session), whose results are in English
+    in its --out folder and in Chinese in --out/zh/."""
+    key = (fixture.exercise, fixture.options)
     if key not in _GRADED:
         files = [f.path for f in _group(*key)]
-        _GRADED[key] = results_of(graded_files(tmp_path_factory, files, fixture.exercise, lang, *fixture.options))
-    return _GRADED[key][fixture.name]
+        out = graded_files(tmp_path_factory, files, fixture.exercise, LANGS[0], "--also-lang", LANGS[1], *fixture.options)
+        _GRADED[key] = {LANGS[0]: results_of(out), LANGS[1]: results_of(out / LANGS[1])}
+    return _GRADED[key][lang][fixture.name]
 
 
 # -- where the fixtures are, and what their sidecars say ------------------------------------------------

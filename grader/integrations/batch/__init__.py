@@ -36,7 +36,8 @@ from .. import classreport
 from ..gradebook import gradebook, printable, verdict
 from .discover import MAX_RESULT_NAME, SAFE_NAME, Student, discover, results_name
 from .output import NAME_COLUMNS, Progress, summary
-from .resume import WORKER_LOGS, content_hash, lock, read_results, save, sweep_temporaries, up_to_date
+from .resume import (WORKER_LOGS, content_hash, lock, read_results, save, sweep_temporaries, up_to_date,
+                     up_to_date_in_every_language)
 from .schedule import MAX_ATTEMPTS, entry_failed, grade_all, problem_results
 from .worker import FAULT_ENV, ROOT, Worker, worker_main
 
@@ -44,7 +45,7 @@ from .worker import FAULT_ENV, ROOT, Worker, worker_main
 __all__ = ["FAULT_ENV", "MAX_ATTEMPTS", "MAX_RESULT_NAME", "NAME_COLUMNS", "Progress", "ROOT", "SAFE_NAME", "Student",
            "WORKER_LOGS", "Worker", "class_exercise", "content_hash", "discover", "entry_failed", "grade_all", "lock",
            "printable", "problem_results", "read_results", "register", "results_name", "run", "save", "summary",
-           "sweep_temporaries", "up_to_date", "verdict", "worker_main"]
+           "sweep_temporaries", "up_to_date", "up_to_date_in_every_language", "verdict", "worker_main"]
 
 
 def run(args) -> int:
@@ -75,17 +76,18 @@ def run(args) -> int:
         todo, rows, graded = [], [], {}
         for student in students:
             if student.problem is not None:  # a symbolic link, a FIFO ...: its row says why, nothing is read
-                data = problem_results(student, *student.problem, args.lang, exercise)
-                graded[student.name] = save(out, student, data, args.lang, exercise)
+                data, *others = (problem_results(student, *student.problem, lang, exercise) for lang in args.langs)
+                graded[student.name] = save(out, student, data, args.lang, exercise, also=dict(zip(args.langs[1:], others)))
                 continue
             try:
                 student.digest = content_hash(student.path)
                 data = read_results(out / results_name(student.name))
             except Exception:
-                failed = entry_failed(student, traceback.format_exc(), args.lang, exercise)
-                graded[student.name] = save(out, student, failed, args.lang, exercise)
+                error = traceback.format_exc()
+                failed, *others = (entry_failed(student, error, lang, exercise) for lang in args.langs)
+                graded[student.name] = save(out, student, failed, args.lang, exercise, also=dict(zip(args.langs[1:], others)))
                 continue
-            if up_to_date(data, student.digest, args.lang, exercise):
+            if up_to_date_in_every_language(out, student, data, args.langs, exercise):
                 rows.append((student.name, data))
             else:
                 todo.append(student)
@@ -152,11 +154,14 @@ def register(subparsers, add_common_options) -> None:
     p.add_argument("folder", help="one entry per student: alice.py, bob.ipynb or a folder carol/")
     p.add_argument("--out", required=True, help="output folder (reused: only missing or changed submissions are graded)")
     p.add_argument("--jobs", type=int, default=2, help="submissions graded at once, one worker process each (default %(default)s)")
+    p.add_argument("--also-lang", choices=["zh", "en"], help="also write each student's results in this language, "
+                   "OUT/<LANG>/<student>.json: one grading, reported in both languages")
     add_common_options(p)
     p.set_defaults(func=lambda args: run(_normalized(args)))
 
 
 def _normalized(args):
     args.lang = args.lang or default_lang()
+    args.langs = list(dict.fromkeys([args.lang, *([args.also_lang] if getattr(args, "also_lang", None) else [])]))
     args.jobs = max(1, args.jobs)
     return args

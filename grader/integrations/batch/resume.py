@@ -36,6 +36,13 @@ def read_results(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def up_to_date_in_every_language(out: Path, student: Student, data: dict | None, langs: list[str], exercise) -> bool:
+    """OUT's results and each other language's (OUT/<lang>/) are of this submission, language and rubric."""
+    name = results_name(student.name)
+    return up_to_date(data, student.digest, langs[0], exercise) and all(
+        up_to_date(read_results(out / lang / name), student.digest, lang, exercise) for lang in langs[1:])
+
+
 def up_to_date(data: dict | None, digest: str, lang: str, exercise) -> bool:
     extra = (data or {}).get("extra_data") or {}
     batch = extra.get("batch") or {}
@@ -74,10 +81,18 @@ def lock(out: Path):
     return handle
 
 
-def save(out: Path, student: Student, data: dict, lang: str, exercise, timeline: str | None = None) -> dict:
+def save(out: Path, student: Student, data: dict, lang: str, exercise, timeline: str | None = None,
+         also: dict[str, dict] | None = None) -> dict:
     """Write OUT/<results_name>, and beside it the page of the student's visible run (OUT/<name>.timeline.html,
     named in the results: the class report links it); a failure to write is recorded in the row (the
-    gradebook still lists it)."""
+    gradebook still lists it). `also`: the same grading's results in other languages (--also-lang), each
+    written to OUT/<lang>/<results_name>."""
+    for other, other_data in (also or {}).items():
+        try:
+            (out / other).mkdir(exist_ok=True)
+        except OSError:
+            pass
+        save(out / other, student, other_data, other, exercise)
     extra = data.setdefault("extra_data", {})
     extra["batch"] = {"content_hash": student.digest, "lang": lang, "rubric": exercise.rubric_key(), "entry": printable(student.path.name)}
     page = out / timeline_name(student.name)

@@ -49,9 +49,18 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
     workers: list[Worker] = []
     sel = selectors.DefaultSelector()
 
-    def finish(student: Student, data: dict, timeline: str | None = None) -> None:
-        results[student.name] = save(out, student, data, args.lang, args.exercise_spec, timeline)
+    langs = getattr(args, "langs", None) or [args.lang]
+
+    def finish(student: Student, data: dict, timeline: str | None = None, also: dict | None = None) -> None:
+        also = {lang: also[lang] if isinstance((also or {}).get(lang), dict) else _failed(student, "no results in this language", lang)
+                for lang in langs[1:]}
+        results[student.name] = save(out, student, data, args.lang, args.exercise_spec, timeline, also)
         progress.advance(printable(student.name))
+
+    def _failed(student: Student, error: str, lang: str) -> dict:
+        data = failed_results(printable(student.path.name), error, lang)
+        data["extra_data"]["scores"] = {c.id: 0 for c in args.exercise_spec.checks}
+        return data
 
     def worker_lost(worker: Worker) -> None:
         student, worker.student = worker.student, None
@@ -66,9 +75,7 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
                 queue.insert(0, student)
             else:
                 error = "\n\n".join(f"attempt {i + 1}: {e}" for i, e in enumerate(student.errors))
-                data = failed_results(printable(student.path.name), error, args.lang)
-                data["extra_data"]["scores"] = {c.id: 0 for c in args.exercise_spec.checks}
-                finish(student, data)
+                finish(student, _failed(student, error, args.lang), also={lang: _failed(student, error, lang) for lang in langs[1:]})
 
     try:
         while queue or any(w.student for w in workers):
@@ -91,7 +98,8 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
                 for msg in lines:
                     if worker.student and msg.get("name") == worker.student.name and isinstance(msg.get("results"), dict):
                         student, worker.student = worker.student, None
-                        finish(student, msg["results"], msg.get("timeline") if isinstance(msg.get("timeline"), str) else None)
+                        finish(student, msg["results"], msg.get("timeline") if isinstance(msg.get("timeline"), str) else None,
+                               msg.get("also") if isinstance(msg.get("also"), dict) else None)
                 if eof:
                     worker_lost(worker)
             now = time.monotonic()

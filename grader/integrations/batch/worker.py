@@ -44,7 +44,8 @@ def worker_main(argv: list[str]) -> int:
     set_parent_death_signal(signal.SIGKILL)       # the batch was SIGKILLed: this worker goes too (and so
     if os.getppid() != parent:                    # its zygote, which exits when its socket closes)
         return 1
-    lang, backend, wall_s, memory_mb, sandbox = argv[0], argv[1], float(argv[2]), int(argv[3]), argv[4] == "1"
+    langs, backend, wall_s, memory_mb, sandbox = argv[0].split(","), argv[1], float(argv[2]), int(argv[3]), argv[4] == "1"
+    lang = langs[0]   # the results and the page; the others' results beside them (--also-lang)
     total_mb, tmp_mb = int(argv[5]), int(argv[6])
     exercise = registry.get(argv[7], argv[8:])
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -60,19 +61,27 @@ def worker_main(argv: list[str]) -> int:
                 submission = loader.load(Path(task["path"]))
                 result = api.grade(submission, runner=runner, exercise=exercise, include_hidden=True, backend=backend,
                                    show_output=False, timeline=True)
-                data = to_gradescope(result, lang)
-                data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
-                if submission.problem is not None:
-                    data["extra_data"]["problem"] = submission.problem.key
+                data, *others = (_rendered(result, submission, other) for other in langs)
                 page = None if result.timeline is None else timeline.page(result.timeline, lang, result.submission)
-                reply = json.dumps({"name": task["name"], "results": data, "timeline": page})
+                reply = json.dumps({"name": task["name"], "results": data, "timeline": page,
+                                    "also": dict(zip(langs[1:], others))})
             except Exception:  # this student only: the worker carries on with the next one
-                data = failed_results(loader.display_name(Path(task["path"]).name), traceback.format_exc(), lang)
-                data["extra_data"]["scores"] = {c.id: 0 for c in exercise.checks}
-                reply = json.dumps({"name": task["name"], "results": data})
+                error = traceback.format_exc()
+                data, *others = (failed_results(loader.display_name(Path(task["path"]).name), error, other) for other in langs)
+                for one in (data, *others):
+                    one["extra_data"]["scores"] = {c.id: 0 for c in exercise.checks}
+                reply = json.dumps({"name": task["name"], "results": data, "also": dict(zip(langs[1:], others))})
             proto.write(reply + "\n")
             proto.flush()
     return 0
+
+
+def _rendered(result, submission, lang: str) -> dict:
+    data = to_gradescope(result, lang)
+    data["extra_data"]["scores"] = {c.spec.id: c.score for c in result.checks}
+    if submission.problem is not None:
+        data["extra_data"]["problem"] = submission.problem.key
+    return data
 
 
 class _ForkedProcess:
@@ -158,7 +167,7 @@ class Worker:
     """A worker process seen from the parent: its pipes, its current student, its deadline."""
 
     def __init__(self, args, log_dir: Path, index: int):
-        argv = [args.lang, args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
+        argv = [",".join(getattr(args, "langs", None) or [args.lang]), args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
                 str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
                 *args.exercises_dir]
         self.log = log_dir / f"worker-{index}.log"
