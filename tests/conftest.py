@@ -251,12 +251,12 @@ def grade(tmp_path):
 # file), so that the workers finish together instead of one running the last big file alone.
 # --dist loadfile hands out files in collection order once xdist's own reordering (by number of tests) is
 # off (--no-loadscope-reorder, pyproject.toml); tests/test_fixtures.py is handed out per exercise (one batch
-# per language grades all of its fixtures: pytest_xdist_make_scheduler below), the largest exercises first. The nbgrader round trip is the longest
+# grades all of its fixtures: pytest_xdist_make_scheduler below), the largest exercises first. The nbgrader round trip is the longest
 # file that cannot be cut: it starts first.
 SLOWEST_FIRST = ["test_nbgrader_e2e.py", "test_fixtures.py", "test_differential.py", "test_dist_primitives.py",
                  "test_sandbox.py",
                  "test_cli.py", "test_grad_accum_no_sync.py", "test_toy_exercise.py", "test_timeline.py",
-                 "test_batch.py", "test_ring_allreduce.py", "test_runner.py", "test_gradescope.py", "test_attacks.py",
+                 "test_batch.py", "test_inductor.py", "test_ring_allreduce.py", "test_runner.py", "test_gradescope.py", "test_attacks.py",
                  "test_switch.py", "test_notebook.py", "test_authoring.py", "test_zero_sharded_step.py",
                  "test_discovery.py", "test_readme.py", "test_redteam.py", "test_classreport.py",
                  "test_hierarchical_allreduce.py", "test_fp16_allreduce.py"]
