@@ -10,11 +10,15 @@ Prints (method in docs/bench.md):
   C. per-submission cost of `batch --jobs 2` at N and at --scale submissions;
   D. a single `grade` against `python -c "import torch"` (median of --reps runs each, interleaved);
   E. one all_reduce of 1,024, 1M and 16M float32 through the switch (plain and perturbed) against gloo, at 2
-     and 4 ranks, in one Runner (bench/dataplane.py); `--dataplane-only` runs E alone.
+     and 4 ranks, in one Runner (bench/dataplane.py); `--dataplane-only` runs E alone;
+  F. `grade` of a step compiled with torch.compile (tests/fixtures/compile/h51_...) against the same file
+     without its `@torch.compile` line (median of --compile-reps each, interleaved, after one compiled
+     grading that builds the grader's precompiled header if this machine has none); `--compile-only`.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import signal
@@ -158,6 +162,37 @@ def grade_vs_import(path: Path, reps: int, tmp: Path) -> tuple[list[float], list
     return grade, imp
 
 
+COMPILED = ROOT / "tests" / "fixtures" / "compile" / "h51_torch_compile_step_communicates.py"
+
+
+def compiled_vs_plain(reps: int, tmp: Path) -> tuple[list[float], list[float]]:
+    source = COMPILED.read_text(encoding="utf-8")
+    assert "@torch.compile\n" in source
+    compiled, plain = tmp / "compiled.py", tmp / "plain.py"
+    compiled.write_text(source, encoding="utf-8")
+    plain.write_text(source.replace("@torch.compile\n", ""), encoding="utf-8")
+
+    def grade(path: Path) -> float:
+        results = tmp / f"{path.stem}.json"
+        elapsed = timed([PY, "-m", "grader", "grade", str(path), "--results", str(results), "--lang", "en"])
+        score = json.loads(results.read_text(encoding="utf-8"))["score"]
+        assert score == 100, f"{path.name}: {score}"
+        return elapsed
+    grade(compiled)   # the header, where this machine has none yet (~5 s, once)
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps):
+        times[0].append(grade(compiled))
+        times[1].append(grade(plain))
+    return times
+
+
+def report_compile(reps: int, tmp: Path) -> None:
+    compiled, plain = compiled_vs_plain(reps, tmp)
+    c, p = statistics.median(compiled), statistics.median(plain)
+    print(f"F  `grade` of a torch.compile'd step: median {c:.2f} s over {reps} (runs {', '.join(f'{x:.2f}' for x in compiled)}); "
+          f"uncompiled: median {p:.2f} s; ratio {c / p:.1f}x (goal <= 4x)", flush=True)
+
+
 def machine() -> str:
     model = ""
     try:
@@ -179,12 +214,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="--n 4 --scale 12 --batch-reps 1 --reps 2")
     ap.add_argument("--dataplane-only", action="store_true", help="only E: the switch's data plane against gloo")
     ap.add_argument("--dataplane-rounds", type=int, default=dataplane.ROUNDS, help="runs of each kind in E (median)")
+    ap.add_argument("--compile-only", action="store_true", help="only F: a torch.compile'd step against the same uncompiled")
+    ap.add_argument("--compile-reps", type=int, default=3, help="gradings of each side in F (median)")
     args = ap.parse_args()
     if args.quick:
         args.n, args.scale, args.batch_reps, args.reps = 4, 12, 1, 2
     print(f"machine: {machine()}", flush=True)
     if args.dataplane_only:
         dataplane.run(rounds=args.dataplane_rounds)
+        return 0
+    if args.compile_only:
+        with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp_name:
+            report_compile(args.compile_reps, Path(tmp_name))
         return 0
     with tempfile.TemporaryDirectory(prefix="grader-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -207,6 +248,7 @@ def main() -> int:
         g, i = statistics.median(grade), statistics.median(imp)
         print(f"D  single `grade`: median {g:.2f} s over {args.reps}; `python -c \"import torch\"`: median {i:.2f} s; "
               f"ratio {g / i:.2f}x (goal <= 1.1x)", flush=True)
+        report_compile(args.compile_reps, tmp)
     dataplane.run(rounds=args.dataplane_rounds)
     return 0
 
