@@ -82,3 +82,18 @@ def test_a_folder_others_can_write_is_never_used(tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir(mode=0o755)
     assert inductor._own_folder(str(mine / "inductor-headers")) == str(mine / "inductor-headers")
+
+
+def test_a_manifest_names_only_headers_still_there_in_its_own_folder(tmp_path):
+    folder = tmp_path / "inductor-headers"
+    folder.mkdir()
+    (folder / "h.h").write_text("#include <x.h>\n")
+    (folder / "h.h.gch").write_bytes(b"gch")
+    (tmp_path / "elsewhere.h").write_text("")
+    (tmp_path / "elsewhere.h.gch").write_bytes(b"")
+    manifest = folder / "manifest-x.json"
+    manifest.write_text(json.dumps([["p.h", "g++ a", str(folder / "h.h")], ["p.h", "g++ b", str(tmp_path / "elsewhere.h")],
+                                    ["p.h", "g++ c", str(folder / "gone.h")], ["p.h", 3, str(folder / "h.h")]]))
+    assert inductor._read_manifest(str(manifest), str(folder)) == {("p.h", "g++ a"): str(folder / "h.h")}
+    manifest.write_text("{not json")
+    assert inductor._read_manifest(str(manifest), str(folder)) == {}

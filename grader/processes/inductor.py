@@ -20,10 +20,12 @@ scratch, correct and slower.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 
 # torch.compile in a rank: no pool of compile workers (processes a rank's budget has no room for), scalar C++
@@ -68,8 +70,12 @@ def warm_up() -> bool:
     import torch
     from torch._inductor import codecache, config
 
-    original, manifest = codecache._precompile_header, _manifest_path(folder, torch)
-    built = _read_manifest(manifest)
+    original = codecache._precompile_header
+    try:
+        manifest = _manifest_path(folder, torch)
+    except (OSError, subprocess.SubprocessError):   # no prelude, a compiler that does not answer
+        return False
+    built = _read_manifest(manifest, folder)
     known = dict(built)
 
     def recording(header, command_line, **options):
@@ -108,9 +114,14 @@ def warm_up() -> bool:
         codecache._precompile_header = original
         config.cpp_cache_precompile_headers = False
         return False
-    for path in built.values():   # ranks run as other users: whatever this process's umask was
-        for name in (path, path + ".gch"):
-            os.chmod(name, 0o644)
+    try:
+        for path in built.values():   # ranks run as other users: whatever this process's umask was
+            for name in (path, path + ".gch"):
+                os.chmod(name, 0o644)
+    except OSError:
+        codecache._precompile_header = original
+        config.cpp_cache_precompile_headers = False
+        return False
     if built != known:
         _write_manifest(manifest, built)
     _STATE["headers"] = dict(built)
@@ -121,8 +132,6 @@ def warm_up() -> bool:
 def _manifest_path(folder: str, torch) -> str:
     """Which header each compile command uses, for this torch (its version, place and prelude) and this
     compiler: a later zygote skips inductor's preprocessing of the header to find it."""
-    import hashlib
-    import subprocess
     prelude = os.path.join(os.path.dirname(torch.__file__), "include", "torch", "csrc", "inductor", "cpp_prefix.h")
     st = os.stat(prelude)
     compiler = subprocess.run(["g++", "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -130,24 +139,31 @@ def _manifest_path(folder: str, torch) -> str:
     return os.path.join(folder, f"manifest-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json")
 
 
-def _read_manifest(path: str) -> dict:
+def _read_manifest(path: str, folder: str) -> dict:
+    """{(header, command line): header path} of the headers still there, all in `folder`."""
     try:
         with open(path) as f:
             rows = json.load(f)
-        return {(h, c): p for h, c, p in rows if all(isinstance(x, str) for x in (h, c, p))}
+        return {(h, c): p for h, c, p in rows if all(isinstance(x, str) for x in (h, c, p))
+                and os.path.dirname(p) == folder and _usable(p)}
     except (OSError, ValueError, TypeError):
         return {}
 
 
 def _write_manifest(path: str, built: dict) -> None:
+    tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".manifest-")
         with os.fdopen(fd, "w") as f:
             json.dump([[h, c, p] for (h, c), p in sorted(built.items())], f)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError:   # the next zygote preprocesses the header again to find it
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _scaled(x, n):
