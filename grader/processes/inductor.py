@@ -8,7 +8,8 @@ run paid both. Here the zygote pays them once, before it forks the ranks of a su
 - `warm_up()` compiles a function of the grader's own with inductor's precompiled headers turned on, in the
   zygote (a trusted process: no student code has run in it). Inductor builds the header (`.h` + a `.gch` of
   ~130 MB) under HEADERS, a folder of the grader's user that persists between gradings (built once per
-  machine and torch: ~5 s), or finds it there; the warm-up's own kernel goes to a throwaway folder.
+  machine and torch: ~5 s), or finds it there through a manifest (no preprocessing of the prelude); the
+  warm-up's own kernel is kept beside it (`inductor-warm-up`), so a later zygote skips its g++ too.
 - Every run's root holds HEADERS read-only (tree.CODE), and a rank's inductor asks `_precompile_header` for
   the header of its compile command: it gets the one the zygote built for that same command line, or None
   (compile without one). A rank never builds, preprocesses or writes a header, and takes no lock for one.

@@ -162,10 +162,14 @@ def _preload(modules) -> None:
             except Exception:  # noqa: BLE001  (not a module: the rank will say what the student wrote)
                 pass
     # torch.compile: the precompiled header and inductor's set-up, once, for every rank this zygote forks
-    if "torch._inductor.compile_fx" in modules and "torch._inductor.compile_fx" in sys.modules \
-            and inductor.warm_up() and inductor.HEADERS not in CODE:
-        CODE.append(inductor.HEADERS)   # read-only in every run's root from now on
-        Pods.retire()                   # roots built before lack it
+    if "torch._inductor.compile_fx" in modules and "torch._inductor.compile_fx" in sys.modules:
+        try:
+            headers = inductor.warm_up()
+        except Exception:  # noqa: BLE001  (whatever went wrong there: ranks compile as before, never a lost zygote)
+            headers = False
+        if headers and inductor.HEADERS not in CODE:
+            CODE.append(inductor.HEADERS)   # read-only in every run's root from now on
+            Pods.retire()                   # roots built before lack it
 
 
 def _stop_all_runs() -> None:
