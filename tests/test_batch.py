@@ -187,10 +187,13 @@ def test_also_lang_reports_one_grading_in_both_languages_and_resumes_each(tmp_pa
     """--also-lang: OUT/<lang>/<student>.json holds the same grading in the other language (the same scores and
     outcomes, its own words); a rerun reuses a student only while both files are current."""
     cls = make_class(tmp_path / "cls", {"good": "honest.py", "stack": "summed.py"})
+    (cls / "linked.py").symlink_to(cls / "good.py")   # graded as a problem, in both languages too
     out = tmp_path / "out"
     proc = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "zh", "--also-lang", "en",
                    "--exercise", "dist_primitives")
     assert proc.returncode == 0, proc.stderr
+    linked = [json.loads((folder / "linked.json").read_text(encoding="utf-8")) for folder in (out, out / "en")]
+    assert [d["score"] for d in linked] == [0, 0] and [d["extra_data"]["batch"]["lang"] for d in linked] == ["zh", "en"]
     for name in ("good", "stack"):
         zh, en = (json.loads((folder / f"{name}.json").read_text(encoding="utf-8")) for folder in (out, out / "en"))
         assert zh["score"] == en["score"] and zh["extra_data"]["outcomes"] == en["extra_data"]["outcomes"]
@@ -201,7 +204,8 @@ def test_also_lang_reports_one_grading_in_both_languages_and_resumes_each(tmp_pa
     (out / "en" / "stack.json").unlink()
     again = run_cli("batch", str(cls), "--out", str(out), "--jobs", "2", "--lang", "zh", "--also-lang", "en",
                     "--exercise", "dist_primitives")
-    assert "本次评分 1 份，沿用已有结果 1 份" in again.stdout, again.stdout   # the batch speaks --lang
+    # stack graded again (its English results gone), good reused, the link written again (never graded)
+    assert "本次评分 2 份，沿用已有结果 1 份" in again.stdout, again.stdout   # the batch speaks --lang
     assert (out / "en" / "stack.json").exists()
 
 
