@@ -102,6 +102,9 @@ def warm_up() -> bool:
         codecache.torch_key()   # a hash of torch's ~2,300 source files, for the graph cache's keys (~0.1 s)
         codecache.CacheBase.get_system()
         ok = all(_usable(path) for path in built.values()) and bool(built)
+        for path in built.values() if ok else ():   # ranks run as other users: whatever this process's umask was
+            for name in (path, path + ".gch"):
+                os.chmod(name, 0o644)
     except Exception:  # noqa: BLE001  (no toolchain, no room: ranks compile without a header, as before)
         ok = False
     finally:
@@ -112,14 +115,6 @@ def warm_up() -> bool:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved_env
         torch._dynamo.reset()
     if not ok:
-        codecache._precompile_header = original
-        config.cpp_cache_precompile_headers = False
-        return False
-    try:
-        for path in built.values():   # ranks run as other users: whatever this process's umask was
-            for name in (path, path + ".gch"):
-                os.chmod(name, 0o644)
-    except OSError:
         codecache._precompile_header = original
         config.cpp_cache_precompile_headers = False
         return False

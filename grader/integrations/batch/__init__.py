@@ -36,8 +36,8 @@ from .. import classreport
 from ..gradebook import gradebook, printable, verdict
 from .discover import MAX_RESULT_NAME, SAFE_NAME, Student, discover, results_name
 from .output import NAME_COLUMNS, Progress, summary
-from .resume import (WORKER_LOGS, content_hash, lock, read_results, save, sweep_temporaries, up_to_date,
-                     up_to_date_in_every_language)
+from .resume import (WORKER_LOGS, content_hash, lock, read_results, save, save_in_every_language, sweep_temporaries,
+                     up_to_date, up_to_date_in_every_language)
 from .schedule import MAX_ATTEMPTS, entry_failed, grade_all, problem_results
 from .worker import FAULT_ENV, ROOT, Worker, worker_main
 
@@ -45,7 +45,8 @@ from .worker import FAULT_ENV, ROOT, Worker, worker_main
 __all__ = ["FAULT_ENV", "MAX_ATTEMPTS", "MAX_RESULT_NAME", "NAME_COLUMNS", "Progress", "ROOT", "SAFE_NAME", "Student",
            "WORKER_LOGS", "Worker", "class_exercise", "content_hash", "discover", "entry_failed", "grade_all", "lock",
            "printable", "problem_results", "read_results", "register", "results_name", "run", "save", "summary",
-           "sweep_temporaries", "up_to_date", "up_to_date_in_every_language", "verdict", "worker_main"]
+           "save_in_every_language", "sweep_temporaries", "up_to_date", "up_to_date_in_every_language", "verdict",
+           "worker_main"]
 
 
 def run(args) -> int:
@@ -76,16 +77,16 @@ def run(args) -> int:
         todo, rows, graded = [], [], {}
         for student in students:
             if student.problem is not None:  # a symbolic link, a FIFO ...: its row says why, nothing is read
-                data, *others = (problem_results(student, *student.problem, lang, exercise) for lang in args.langs)
-                graded[student.name] = save(out, student, data, args.lang, exercise, also=dict(zip(args.langs[1:], others)))
+                graded[student.name] = save_in_every_language(
+                    out, student, args.langs, exercise, lambda lang: problem_results(student, *student.problem, lang, exercise))
                 continue
             try:
                 student.digest = content_hash(student.path)
                 data = read_results(out / results_name(student.name))
             except Exception:
                 error = traceback.format_exc()
-                failed, *others = (entry_failed(student, error, lang, exercise) for lang in args.langs)
-                graded[student.name] = save(out, student, failed, args.lang, exercise, also=dict(zip(args.langs[1:], others)))
+                graded[student.name] = save_in_every_language(
+                    out, student, args.langs, exercise, lambda lang: entry_failed(student, error, lang, exercise))
                 continue
             if up_to_date_in_every_language(out, student, data, args.langs, exercise):
                 rows.append((student.name, data))
@@ -162,6 +163,6 @@ def register(subparsers, add_common_options) -> None:
 
 def _normalized(args):
     args.lang = args.lang or default_lang()
-    args.langs = list(dict.fromkeys([args.lang, *([args.also_lang] if getattr(args, "also_lang", None) else [])]))
+    args.langs = list(dict.fromkeys([args.lang, *([args.also_lang] if args.also_lang else [])]))
     args.jobs = max(1, args.jobs)
     return args

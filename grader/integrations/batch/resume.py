@@ -81,6 +81,13 @@ def lock(out: Path):
     return handle
 
 
+def save_in_every_language(out: Path, student: Student, langs: list[str], exercise, make) -> dict:
+    """`make(lang)`'s results for each of `langs`, saved: the first's in OUT (and returned), the others' in
+    OUT/<lang>/ (--also-lang)."""
+    first, *others = (make(lang) for lang in langs)
+    return save(out, student, first, langs[0], exercise, also=dict(zip(langs[1:], others)))
+
+
 def save(out: Path, student: Student, data: dict, lang: str, exercise, timeline: str | None = None,
          also: dict[str, dict] | None = None) -> dict:
     """Write OUT/<results_name>, and beside it the page of the student's visible run (OUT/<name>.timeline.html,

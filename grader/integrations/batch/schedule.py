@@ -32,7 +32,7 @@ def problem_results(student: Student, key: str, params: dict, lang: str, exercis
 
 
 def entry_failed(student: Student, error: str, lang: str, exercise) -> dict:
-    """A failure of the grader around one entry (hashing it, say): that entry's own 'grader failed' row."""
+    """A failure of the grader around one entry (hashing it, a worker lost twice): its own 'grader failed' row."""
     data = failed_results(printable(student.path.name), error, lang)
     data["extra_data"]["scores"] = {c.id: 0 for c in exercise.checks}
     return data
@@ -49,18 +49,13 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
     workers: list[Worker] = []
     sel = selectors.DefaultSelector()
 
-    langs = getattr(args, "langs", None) or [args.lang]
-
     def finish(student: Student, data: dict, timeline: str | None = None, also: dict | None = None) -> None:
-        also = {lang: also[lang] if isinstance((also or {}).get(lang), dict) else _failed(student, "no results in this language", lang)
-                for lang in langs[1:]}
+        """Save a student's results; `also`: the same in each --also-lang language, as the worker sent them."""
+        also = {lang: got if isinstance(got := (also or {}).get(lang), dict)
+                else entry_failed(student, "the worker sent no results in this language", lang, args.exercise_spec)
+                for lang in args.langs[1:]}
         results[student.name] = save(out, student, data, args.lang, args.exercise_spec, timeline, also)
         progress.advance(printable(student.name))
-
-    def _failed(student: Student, error: str, lang: str) -> dict:
-        data = failed_results(printable(student.path.name), error, lang)
-        data["extra_data"]["scores"] = {c.id: 0 for c in args.exercise_spec.checks}
-        return data
 
     def worker_lost(worker: Worker) -> None:
         student, worker.student = worker.student, None
@@ -75,7 +70,8 @@ def grade_all(todo: list[Student], args, out: Path, progress, results: dict[str,
                 queue.insert(0, student)
             else:
                 error = "\n\n".join(f"attempt {i + 1}: {e}" for i, e in enumerate(student.errors))
-                finish(student, _failed(student, error, args.lang), also={lang: _failed(student, error, lang) for lang in langs[1:]})
+                failed = {lang: entry_failed(student, error, lang, args.exercise_spec) for lang in args.langs}
+                finish(student, failed.pop(args.lang), also=failed)
 
     try:
         while queue or any(w.student for w in workers):

@@ -167,7 +167,7 @@ class Worker:
     """A worker process seen from the parent: its pipes, its current student, its deadline."""
 
     def __init__(self, args, log_dir: Path, index: int):
-        argv = [",".join(getattr(args, "langs", None) or [args.lang]), args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
+        argv = [",".join(args.langs), args.backend, str(args.time_limit), str(args.memory_mb), "0" if args.no_sandbox else "1",
                 str(args.memory_total_mb or default_total_mb(args.jobs)), str(args.tmp_mb), args.exercise_spec.name,
                 *args.exercises_dir]
         self.log = log_dir / f"worker-{index}.log"
