@@ -7,7 +7,7 @@ run paid both. Here the zygote pays them once, before it forks the ranks of a su
 
 - `warm_up()` compiles a function of the grader's own with inductor's precompiled headers turned on, in the
   zygote (a trusted process: no student code has run in it). Inductor builds the header (`.h` + a `.gch` of
-  ~130 MB) under HEADERS, a folder of the grader's user that persists between gradings (built once per
+  ~130 MB, made aside and moved in whole) under HEADERS, a folder of the grader's user that persists between gradings (built once per
   machine and torch: ~5 s), or finds it there through a manifest (no preprocessing of the prelude); the
   warm-up's own kernel is kept beside it (`inductor-warm-up`), so a later zygote skips its g++ too.
 - Every run's root holds HEADERS read-only (tree.CODE), and a rank's inductor asks `_precompile_header` for
@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
 # torch.compile in a rank: no pool of compile workers (processes a rank's budget has no room for), scalar C++
 # kernels (the vectorized ones take g++ ~10 s per rank to compile, the scalar ones ~2 s: a grading's tensors
@@ -80,17 +81,16 @@ def warm_up() -> bool:
     known = dict(built)
 
     def recording(header, command_line, **options):
-        """Inductor's own build (it preprocesses the header, ~0.7 s, and builds it under a lock if missing),
-        unless this machine's manifest already names a header for this command line."""
+        """Inductor's own build (it preprocesses the header, ~0.7 s, and builds it), unless this machine's
+        manifest already names a header for this command line."""
         key = (header, command_line)
         if not _usable(built.get(key)):
-            built[key] = original(header, command_line, **options)
+            built[key] = _built_whole(codecache, original, folder, header, command_line, options)
         return built[key]
 
     saved_env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     # scratch keeps the warm-up kernel's own build for the next zygote (g++ ~0.5 s); the graph caches stay
     # off, so that inductor lowers and generates code (and imports what that takes) as a rank's compile will
-    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = folder, os.path.join(folder, "locks")
     codecache._precompile_header = recording
     config.cpp_cache_precompile_headers = True
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
@@ -123,6 +123,30 @@ def warm_up() -> bool:
     _STATE["headers"] = dict(built)
     codecache._precompile_header = _prebuilt
     return True
+
+
+def _built_whole(codecache, original, folder: str, header: str, command_line: str, options: dict) -> str:
+    """Inductor's build of a header, made in a folder of this zygote's own and then moved into `folder`, the
+    .gch before the .h: a zygote killed half-way through a build (a batch's worker past its budget) never
+    leaves a half-written header that a later zygote would take for built. Builds older than an hour that such
+    a zygote left behind are removed first."""
+    for stale in os.listdir(folder):
+        path = os.path.join(folder, stale)
+        try:
+            if stale.startswith(".building-") and os.stat(path).st_mtime < time.time() - 3600:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+    private = tempfile.mkdtemp(prefix=".building-", dir=folder)
+    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = private, os.path.join(private, "locks")
+    try:
+        made = original(header, command_line, **options)
+        final = os.path.join(folder, os.path.basename(made))
+        os.replace(made + ".gch", final + ".gch")
+        os.replace(made, final)
+        return final
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _manifest_path(folder: str, torch) -> str:

@@ -40,6 +40,9 @@ def _sweep_stale_bases() -> None:
             pass
 
 
+START_SECONDS = 30      # the zygote's answer to a run it is asked to start
+PRELOAD_SECONDS = 600   # ... when it imports modules for it first (inductor's own lock on a header waits 600 s)
+
 class GraderError(RuntimeError):
     """The grader itself could not run (not the student's fault)."""
 
@@ -103,7 +106,7 @@ class ZygoteClient:
                 self.proc.attach(self.hello["pid"], fds.pop())
             for fd in fds:
                 os.close(fd)
-            self.conn.settimeout(30)
+            self.conn.settimeout(START_SECONDS)
         return self.hello
 
     def _zygote_log_tail(self) -> str:
@@ -226,7 +229,13 @@ class ZygoteClient:
                "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
-            data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
+            # modules to preload: the zygote imports them (and, for torch.compile, builds the grader's header
+            # for inductor once per machine) before it answers, which a loaded machine can take minutes over
+            self.conn.settimeout(PRELOAD_SECONDS if request.preload else START_SECONDS)
+            try:
+                data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
+            finally:
+                self.conn.settimeout(START_SECONDS)
             if not data or not fds:
                 raise GraderError("zygote closed the connection")
         except (OSError, GraderError) as err:
