@@ -97,3 +97,35 @@ def test_a_manifest_names_only_headers_still_there_in_its_own_folder(tmp_path):
     assert inductor._read_manifest(str(manifest), str(folder)) == {("p.h", "g++ a"): str(folder / "h.h")}
     manifest.write_text("{not json")
     assert inductor._read_manifest(str(manifest), str(folder)) == {}
+
+
+class _Codecache:   # what _built_whole sets on inductor's module
+    _HEADER_DIR = _HEADER_LOCK_DIR = None
+
+
+def test_a_header_is_built_aside_and_moved_in_whole(tmp_path):
+    """A build killed or failing half-way leaves no header in the folder; a finished one moves in, .gch and .h;
+    what a zygote killed long ago left aside is swept."""
+    folder = tmp_path / "inductor-headers"
+    folder.mkdir()
+    stale = folder / ".building-old"
+    stale.mkdir()
+    os.utime(stale, (0, 0))
+    codecache = _Codecache()
+
+    def half_way(header, line, **options):
+        (Path(codecache._HEADER_DIR) / "k.h").write_text("#include <p.h>\n")
+        (Path(codecache._HEADER_DIR) / "k.h.gch").write_bytes(b"half")
+        raise OSError("No space left on device")
+
+    with pytest.raises(OSError):
+        inductor._built_whole(codecache, half_way, str(folder), "p.h", "g++", {})
+    assert os.listdir(folder) == []   # the stale build swept, the half one gone with its folder
+
+    def whole(header, line, **options):
+        (Path(codecache._HEADER_DIR) / "k.h").write_text("#include <p.h>\n")
+        (Path(codecache._HEADER_DIR) / "k.h.gch").write_bytes(b"whole")
+        return str(Path(codecache._HEADER_DIR) / "k.h")
+
+    assert inductor._built_whole(codecache, whole, str(folder), "p.h", "g++", {}) == str(folder / "k.h")
+    assert sorted(os.listdir(folder)) == ["k.h", "k.h.gch"] and (folder / "k.h.gch").read_bytes() == b"whole"

@@ -377,3 +377,15 @@ def test_a_watch_can_start_a_run_as_another_ends(runner):
     assert [out.request.world_size for out in outs] == [2, 3] and outs[1].request is asked[0]
     assert [out.stop for out in outs] == ["completed", "completed"]
     assert values(outs[1].ranks[2].result.values["t"]).tolist() == [6.0] * 4
+
+
+@pytest.mark.timeout(120)
+def test_a_zygote_that_preloads_for_a_run_is_given_the_time_it_takes(monkeypatch):
+    """The zygote imports a run's preload (dynamo: ~800 modules; torch.compile's first header: minutes on a
+    busy machine) before it answers that the run started: that wait is the grader's, never the 30 s in which
+    a plain start must answer, so a slow preload is never a grader error."""
+    from grader.processes import zygote_client
+    monkeypatch.setattr(zygote_client, "START_SECONDS", 0.01)   # far less than any import of dynamo
+    with Runner() as runner:
+        [run] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="e.py", preload=("torch._dynamo",))])
+    assert run.stop == "completed", (run.stop, run.error)
