@@ -11,7 +11,7 @@ import pytest
 
 from grader.exercise import registry
 from grader.model import Outcome
-from grader.records import How, RankResult, Stop
+from grader.records import How, RankRecord, RankResult, RunOutcome, Stop
 from grader.verify import budget
 from grader.verify.evidence import WorldSizeRuns
 from grader.verify.judge import Judge
@@ -138,3 +138,18 @@ def test_what_the_switch_kept_of_an_honest_run_widens_every_bound(monkeypatch):
     monkeypatch.setattr(budget, "SECONDS_PER_MILLION_KEPT", 0.0)
     result = Judge(EXERCISE, "").evaluate(CHECK, runs)
     assert result.outcome is Outcome.NOT_COLLECTIVE and [n.key for n in result.notes] == ["fail.check_over_budget"]
+
+
+# -- a grader's accident is not the student's result ----------------------------------------------------
+
+def test_a_perturbed_run_the_grader_could_not_make_is_its_failure_not_the_students():
+    """The clean run shows the right mean gradient; the perturbed run, the only one that could prove it, was
+    lost to the grader (its zygote gone: the runner makes such a run twice before it counts, and both were
+    lost). The check says the grader failed and why, never that the value "could not be confirmed"."""
+    right = _runs()
+    lost = RunOutcome(right.perturbed[0].request, [RankRecord(r) for r in range(2)], stop=Stop.GRADER_ERROR,
+                      error="the zygote exited")
+    result = Judge(EXERCISE, "").evaluate(CHECK, WorldSizeRuns(2, clean=right.clean, perturbed=[lost]))
+    assert result.outcome is Outcome.GRADER_ERROR and result.score == 0, result.notes
+    assert {n.key for n in result.notes} == {"fail.grader_run"}
+    assert [n.params["error"] for n in result.notes][0] == "the zygote exited"

@@ -60,7 +60,9 @@ class Runner(ZygoteClient):
         """Run every request (up to max_parallel at once, or `parallel`) and return their outcomes, in order.
         `watch(index, outcome)`, called as each run ends, may return indices of runs to cancel (stopped,
         or never started: their outcome says "cancelled") and requests to start too (their outcomes follow
-        those of `requests`, in the order they were asked for)."""
+        those of `requests`, in the order they were asked for). A run the grader itself could not make or
+        finish (Stop.GRADER_ERROR: its zygote gone, a launch that failed) is made once more before its
+        outcome counts: a grader's accident is not the student's result."""
         self._ready()
         requests = list(requests)
         queue = list(enumerate(requests))
@@ -76,6 +78,16 @@ class Runner(ZygoteClient):
                     queue.append((len(requests) - 1, item))
                 else:
                     cancel(item)
+
+        tried_again: set[int] = set()
+
+        def again(i: int, request: RunRequest) -> bool:
+            """Queue run i once more, first in line, unless it was already made twice."""
+            if i in tried_again:
+                return False
+            tried_again.add(i)
+            queue.insert(0, (i, request))
+            return True
 
         def cancel(i: int) -> None:
             if i in results:
@@ -97,9 +109,11 @@ class Runner(ZygoteClient):
                     try:
                         run = self._launch(request, slot)
                     except GraderError as err:
+                        free_slots.append(slot)
+                        if again(index, request):
+                            continue
                         results[index] = RunOutcome(request, [RankRecord(r) for r in range(request.world_size)],
                                                     stop=Stop.GRADER_ERROR, error=str(err))
-                        free_slots.append(slot)
                         continue
                     self._watch(run, sel)
                     active[id(run)] = (index, run)
@@ -108,9 +122,11 @@ class Runner(ZygoteClient):
                     if run.leader_gone:
                         self._drain(run)
                         self._finish(run, sel)
-                        results[index] = run.outcome
                         free_slots.append(run.slot)
                         del active[key]
+                        if run.outcome.stop == Stop.GRADER_ERROR and again(index, requests[index]):
+                            continue
+                        results[index] = run.outcome
                         if watch is not None:
                             react(watch(index, run.outcome))
         finally:

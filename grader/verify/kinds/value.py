@@ -129,6 +129,9 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             outcome, note = failure
             notes.append(note)
             details.extend(outcomes.last_call(record, note))
+        elif proven is None and (lost := next((r for r in runs.perturbed if r.stop == Stop.GRADER_ERROR), None)):
+            outcome = Outcome.GRADER_ERROR   # the run that would have shown it could not be made: not the student's doing
+            notes.append(Note("fail.grader_run", {"error": lost.error or ""}))
         elif proven is None:
             outcome = Outcome.NOT_COLLECTIVE
             notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
