@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from grader.exercise import registry
+from grader.exercise.spec import Check
 from grader.model import Outcome
 from grader.records import How, RankRecord, RankResult, RunOutcome, Stop
 from grader.verify import budget
@@ -153,3 +154,7 @@ def test_a_perturbed_run_the_grader_could_not_make_is_its_failure_not_the_studen
     assert result.outcome is Outcome.GRADER_ERROR and result.score == 0, result.notes
     assert {n.key for n in result.notes} == {"fail.grader_run"}
     assert [n.params["error"] for n in result.notes][0] == "the zygote exited"
+    # a check of how the value travelled needs the value: it says the same, not that the traffic was wrong
+    traffic = Check("ws2.traffic", "traffic", 10, ("流量", "traffic"), world_size=2, quantity="gradient")
+    result = Judge(EXERCISE, "").evaluate(traffic, WorldSizeRuns(2, clean=right.clean, perturbed=[lost]))
+    assert result.outcome is Outcome.GRADER_ERROR and {n.key for n in result.notes} == {"fail.grader_run"}

@@ -138,6 +138,8 @@ def _needs_value(judge, check: Check, runs) -> CheckResult | None:
                                         world_size=check.world_size, quantity=check.quantity), runs)
     if values.passed:
         return None
+    if values.outcome is Outcome.GRADER_ERROR:   # the grader lost the run that shows it: its failure, said once
+        return CheckResult(check, Outcome.GRADER_ERROR, notes=values.notes)
     return CheckResult(check, Outcome.WRONG, notes=[Note("cause.kind_needs_value", {"quantity": check.quantity})])
 
 

@@ -184,10 +184,12 @@ def evaluate(judge, check: Check, runs) -> CheckResult:
         return CheckResult(check, Outcome.GRADER_ERROR, notes=[Note("fail.grader_run", {"error": getattr(run, "error", "") or ""})])
     values = judge.evaluate_value(Check(check.id, "value", 0, check.title, hidden=check.hidden, world_size=check.world_size,
                                         quantity=check.quantity), runs)
+    if values.outcome is Outcome.GRADER_ERROR:   # the grader lost the run that shows it: its failure, said once
+        return CheckResult(check, Outcome.GRADER_ERROR, notes=values.notes)
     if not values.passed:
         # traffic counts for a correct answer only: where there is none because the run failed (an exception, a
         # deadlock ...), the outcome says so, as the value check's does
-        failed = values.outcome not in (Outcome.WRONG, Outcome.NOT_COLLECTIVE, Outcome.PASS, Outcome.GRADER_ERROR)
+        failed = values.outcome not in (Outcome.WRONG, Outcome.NOT_COLLECTIVE, Outcome.PASS)
         return CheckResult(check, values.outcome if failed else Outcome.WRONG,
                            notes=[Note("cause.traffic_needs_value", {"quantity": quantity.name})])
     params = check.params or {}
