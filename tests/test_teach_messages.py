@@ -23,11 +23,12 @@ def test_ring_volume(op, n, size, volume, formula):
     assert ring_volume(op, n, size) == (volume, formula)
 
 
-def _call(rank, seq, op, method, numel, dtype, outputs=1, api=None):
-    """A completed operation as the switch records it (switch.Call): `numel` elements sent per rank."""
+def _call(rank, seq, op, method, numel, dtype, outputs=1, api=None, group=(0, 1, 2, 3), sends=True):
+    """A completed operation as the switch records it (switch.Call): `numel` elements sent per rank (none
+    where `sends` is False: a broadcast's receiver), on the group of these global ranks."""
     tensor = {"dtype": dtype, "shape": [numel], "numel": numel}
-    call = Call(rank=rank, seq=seq, method=method, op=op, group=(0, 1, 2, 3), sends=True, receives=True,
-                api=api or op, inputs=[tensor], outputs=[tensor] * outputs)
+    call = Call(rank=rank, seq=seq, method=method, op=op, group=tuple(group), sends=sends, receives=True,
+                api=api or op, inputs=[tensor] if sends else [], outputs=[tensor] * outputs)
     call.completed, call.ok = True, True
     call.delivered = [tensor] * outputs
     return call
@@ -75,12 +76,31 @@ def test_teaching_notes_per_rank_and_collective():
     assert "python -m grader bench" in messages.render("teach.no_bandwidth", notes[-1].params, "zh")
 
 
+def test_a_call_on_a_smaller_group_counts_its_own_ring_and_a_broadcast_receiver_its_tensor():
+    """Hierarchical all-reduce at 4 ranks: each node of 2 reduces to its leader, the leaders (0 and 2)
+    all-reduce, each leader broadcasts in its node. A ring of 2 sends (2-1)/2 or 2(2-1)/2 of the data, not
+    what a ring of 4 would; a broadcast's receiver sent nothing but its tensor is the S of the formula."""
+    node = lambda r: (0, 1) if r < 2 else (2, 3)
+    def calls(r):
+        out = [_call(r, 0, "reduce", "reduce", 512, "torch.float32", group=node(r))]
+        if r in (0, 2):
+            out.append(_call(r, 1, "all_reduce", "allreduce", 512, "torch.float32", group=(0, 2)))
+        out.append(_call(r, 2, "broadcast", "broadcast", 512, "torch.float32", group=node(r), sends=r in (0, 2)))
+        return out
+    run, _ = _run(4, calls)
+    by = {(n.params["rank"], n.params["op"]): n.params for n in teaching_notes(run)[1:]}
+    assert (by[1, "reduce"]["volume"], by[1, "reduce"]["formula"]) == (1024, "(2-1)/2 x 2048")
+    assert (by[2, "all_reduce"]["volume"], by[2, "all_reduce"]["formula"]) == (2048, "2(2-1)/2 x 2048")
+    assert (by[3, "broadcast"]["size"], by[3, "broadcast"]["volume"]) == (2048, 1024)   # a receiver
+    assert (by[0, "broadcast"]["size"], by[0, "broadcast"]["volume"]) == (2048, 1024)   # its root
+
+
 def test_repeated_calls_show_the_first_and_the_median_of_the_rest_and_a_bandwidth_only_when_large():
     """A loop of 5 all-reduces of 4 MiB and 5 of 4 KiB: each size one line, its first call apart (set-up),
     the median of the other four; a bandwidth from the 4 MiB ones only."""
     big, small = 1 << 20, 1024   # float32 elements: 4 MiB and 4 KiB
-    calls = lambda r: ([_call(r, k, "all_reduce", "allreduce", big, "torch.float32") for k in range(5)]
-                       + [_call(r, 5 + k, "all_reduce", "allreduce", small, "torch.float32") for k in range(5)])
+    calls = lambda r: ([_call(r, k, "all_reduce", "allreduce", big, "torch.float32", group=(0, 1)) for k in range(5)]
+                       + [_call(r, 5 + k, "all_reduce", "allreduce", small, "torch.float32", group=(0, 1)) for k in range(5)])
     times = lambda r: [{"op": "all_reduce", "ms": ms} for ms in (30.0, 4.0, 5.0, 6.0, 100.0, 3.0, 0.4, 0.5, 0.3, 0.6)]
     run, real = _run(2, calls, times)
     notes = teaching_notes(run, real=real)
@@ -101,10 +121,10 @@ def test_repeated_calls_show_the_first_and_the_median_of_the_rest_and_a_bandwidt
 
 
 def test_a_large_message_called_once_gets_no_bandwidth_and_one_called_again_does():
-    big = lambda r: [_call(r, 0, "all_reduce", "allreduce", 1 << 20, "torch.float32")]
+    big = lambda r: [_call(r, 0, "all_reduce", "allreduce", 1 << 20, "torch.float32", group=(0, 1))]
     run, real = _run(2, big, lambda r: [{"op": "all_reduce", "ms": 8.0}])
     assert [n.key for n in teaching_notes(run, real=real)[1:]] == ["teach.collective_first"] * 2 + ["teach.no_bandwidth"]
-    twice = lambda r: [_call(r, k, "all_reduce", "allreduce", 1 << 20, "torch.float32") for k in range(2)]
+    twice = lambda r: [_call(r, k, "all_reduce", "allreduce", 1 << 20, "torch.float32", group=(0, 1)) for k in range(2)]
     run, real = _run(2, twice, lambda r: [{"op": "all_reduce", "ms": 8.0}, {"op": "all_reduce", "ms": 2.0}])
     assert [n.key for n in teaching_notes(run, real=real)[1:]] == ["teach.collective_rate"] * 2   # nothing withheld
 

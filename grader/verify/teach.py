@@ -43,7 +43,10 @@ def ring_volume(op: str, n: int, size: int) -> tuple[float, str]:
 
 
 def _size(call) -> int:
-    """The S of the op's formula: the bytes one rank contributes, or the bytes it ends with."""
+    """The S of the op's formula: the bytes one rank contributes, or the bytes it ends with (a rooted
+    operation's tensor, whichever way it went on this rank: a broadcast's receivers send nothing)."""
+    if OPS[call.op].rooted:
+        return max(call.sent_bytes, call.delivered_bytes)
     return call.delivered_bytes if OPS[call.op].size == "output" and call.delivered else call.sent_bytes
 
 
@@ -59,14 +62,16 @@ def teaching_notes(run: RunOutcome, exercise=None, real: RunOutcome | None = Non
                    if t.get("op") not in ("send", "recv", "barrier")]
         collectives = [c for c in rec.calls if c.completed and c.ok and OPS.get(c.op) is not None
                        and c.op not in ("send", "recv", "barrier")]
-        repeats: dict[tuple, list] = {}   # (operation, bytes) -> its calls' times (None: not timed), in order
+        # (operation, bytes, the N of its group) -> its calls' times (None: not timed), in order: a call on a
+        # group of 2 in a world of 4 sends what a ring of 2 sends
+        repeats: dict[tuple, list] = {}
         for k, call in enumerate(collectives):
             timing = timings[k] if k < len(timings) and timings[k].get("op") == call.op else None
             ms = timing.get("ms") if timing is not None else None
-            repeats.setdefault((call.api or call.op, call.op, _size(call)), []).append(
+            repeats.setdefault((call.api or call.op, call.op, _size(call), len(call.group or ()) or n), []).append(
                 float(ms) if isinstance(ms, (int, float)) else None)
-        for (api, op, size), times in repeats.items():
-            note, cut = _collective(rec.rank, api, op, size, n, times)
+        for (api, op, size, members), times in repeats.items():
+            note, cut = _collective(rec.rank, api, op, size, members, times)
             notes.append(note)
             withheld |= cut
         sends = [c for c in rec.calls if c.op == "send"]
