@@ -301,6 +301,18 @@ def test_code_stuck_on_real_gloo_loses_the_visible_world_size_after_a_second_try
 
 
 @pytest.mark.timeout(120)
+def test_a_real_run_after_the_zygote_read_the_name_service_shows_no_c10d_warning(tmp_path):
+    """An honest program that builds an optimizer (tests/fixtures/real_backend/optimizer_built.py says why
+    that matters): full marks, and its real-backend run's output holds what the student printed (nothing),
+    not a c10d warning about a hostname that could not be looked up."""
+    from conftest import grade_cli
+    results, proc = grade_cli(FIXTURES / "real_backend" / "optimizer_built.py", tmp_path, "--exercise", "dist_primitives")
+    assert results["score"] == 100, outcomes(results)
+    assert [r["stop"] for r in results["extra_data"]["runs"] if r.get("label") == "real"] == ["completed"]
+    assert "[c10d]" not in proc.stdout and "hostname" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(120)
 def test_an_isend_request_dropped_hangs_on_gloo_and_is_named(tmp_path):
     """The switch delivers every send it is given; gloo drops the message of an isend request freed before the
     receiver posts its recv: the real run hangs. The visible checks name the last call each stuck rank made

@@ -20,8 +20,11 @@ ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone
              "passwd", "group", "protocols", "services", "mime.types", "os-release", "alternatives")
 HOSTNAME = "sandbox"
 # Written, not bound: names resolve from these files only (a run has no network, and a DNS lookup that
-# cannot reach a server makes c10d print a warning into the student's output).
-ETC_WRITTEN = {"hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost {HOSTNAME}\n",
+# cannot reach a server makes c10d print a warning into the student's output). The v4-mapped loopback is
+# named too: c10d's sockets are dual-stack, so it looks up ::ffff:127.0.0.1, and a rank forked from a zygote
+# whose imports read the host's nsswitch.conf (torch._dynamo asks for the user name) keeps the host's "dns"
+# after that line: glibc never reloads it once the root has changed.
+ETC_WRITTEN = {"hosts": f"127.0.0.1 localhost {HOSTNAME}\n::1 localhost {HOSTNAME}\n::ffff:127.0.0.1 localhost {HOSTNAME}\n",
                "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\nnetworks: files\nprotocols: files\n"
                                 "services: files\n"}
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
