@@ -29,7 +29,7 @@ HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op":
                    "cause.p2p_unmatched": "cause.p2p_unmatched_generic", "cause.p2p_too_long": "cause.p2p_too_long_generic",
                    "cause.p2p_too_short": "cause.p2p_too_short_generic", "cause.p2p_dtype": "cause.p2p_dtype_generic",
                    **{f"cause.{k}": f"cause.{k}_generic" for k in ("hardcoded_ws", "hardcoded_ws_ranks", "integer_dtype", "reduce_op",
-                                                                  "isend_not_waited", "sent_not_finite", "sent_integer",
+                                                                  "isend_not_waited", "sent_not_finite", "sent_integer", "integer_moved",
                                                                   "sent_reinterpreted", "carried_too_little", "wrong_root")},
                    **{f"cause.{k}": f"cause.{k}_generic" for k in ("counts_more", "counts_fewer", "counts_all",
                                                                   "volume_dtype", "volume_bytes", "groups_inside",

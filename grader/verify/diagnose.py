@@ -13,6 +13,7 @@ import numpy as np
 
 from ..model import Note
 from ..switch import Call
+from ..switch.perturb import SUMS, perturbable
 from ..records import How, RankRecord, RunOutcome, Stop
 
 
@@ -61,6 +62,20 @@ def op_name(call: Call | None) -> str:
 
 def _called_elsewhere(run: RunOutcome | None, rank: int, ops: set) -> bool:
     return run is not None and any(c.op in ops for rec in run.ranks if rec.rank != rank for c in rec.calls)
+
+
+def integer_moved(quantity, record: RankRecord) -> Note | None:
+    """The quantity came through operations that only move data (no sum), and each delivered this rank
+    integer or bool tensors: the switch passes those on as sent (switch/perturb.py), so nothing made of them
+    is evidence, whoever computed it. Said only then, as a fact about the grader and the fix: send floats."""
+    calls = [c for c in record.calls if c.op in quantity.through and c.completed and c.ok and c.delivered]
+    if not calls or any(c.op in SUMS or (c.api or "").endswith("_object") for c in calls):
+        return None   # a sum is perturbed; an object's pickled bytes have a cause of their own (call_causes)
+    dtypes = sorted({str(d.get("dtype")) for c in calls for d in c.delivered})
+    if not dtypes or any(perturbable(d) for d in dtypes):
+        return None
+    return Note("cause.integer_moved", {"quantity": quantity.name, "op": op_name(calls[0]), **at(calls[0]),
+                                        "dtype": ", ".join(dtypes)})
 
 
 def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = None) -> list[Note]:

@@ -110,6 +110,15 @@ MESSAGES: dict[str, tuple[str, str]] = {
                             "Cause: {op} was started with async_op=True and never waited on, so its result may not have arrived."),
     "cause.object_collective": ("原因：{op} 传送的是 pickle 序列化后的对象字节，不是张量本身：评分器无法确认数值来自通信。请直接对张量使用对应的集合通信。",
                                 "Cause: {op} sends pickled bytes of an object, not the tensor itself, so the grader cannot confirm the numbers came through the communication. Use the collective on the tensor directly."),
+    "cause.integer_moved": ("原因：{quantity} 经 {op}（第 {line} 行）传送的是整数张量（{dtype}）。评分器只改变通信中的浮点数据（以及整数求和），"
+                            "整数数据原样传送，所以无法确认由它得到的数值来自通信。请按题目的要求传送浮点张量（例如 float32），不要先转成整数。",
+                            "Cause: {quantity} went through {op} (line {line}) as integer tensors ({dtype}). The grader changes only "
+                            "floating data in flight (and integer sums): integers travel as sent, so nothing made of them can be "
+                            "confirmed to come from the communication. Send the floating tensor the exercise asks for (float32, say), "
+                            "not integers."),
+    "cause.integer_moved_generic": ("原因：{quantity} 经 {op} 传送的是整数张量：评分器无法确认由它得到的数值来自通信。请传送浮点张量。",
+                                    "Cause: {quantity} went through {op} as integer tensors, so the grader cannot confirm that what "
+                                    "was made of them came from the communication. Send floating tensors."),
     "cause.other_op": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}（第 {line} 行）。",
                        "Cause: {quantity} must come through {ops}, but your code used {used} (line {line})."),
     "cause.group_name": ("原因：进程 {rank} 的 {op}（第 {line} 行）用的进程组与另一个进程组同名：一个由进程 {other} 组成，一个由进程 {ranks} 组成。"

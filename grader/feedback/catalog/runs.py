@@ -79,6 +79,9 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                      "Rank {rank}: {quantity} has the right numbers, but the grader could not trace them to what {ops} "
                                      "delivered, made of every rank's own data (the grader secretly changed the data in flight and your "
                                      "result did not follow it)."),
+    "fail.not_collective_unperturbed": ("进程 {rank}：{quantity} 的数值是对的，但评分器无法确认它来自 {ops} 传来的数据、由每个进程自己的数据组成。",
+                                        "Rank {rank}: {quantity} has the right numbers, but the grader cannot confirm that they came from "
+                                        "what {ops} delivered, made of every rank's own data."),
     "fail.overflowed": ("进程 {rank}：{quantity} 的数值是对的，但 {ops} 的求和太接近数据类型能表示的最大值（float16 最大约 65504）：评分器改动过的数据可能让它超出上限（inf），评分器因此无法确认它的来源。超过上限的 4/5 就不安全，请把损失缩放系数调小。",
                         "Rank {rank}: {quantity} has the right numbers, but the sum in {ops} comes so close to its dtype's largest value (float16's is 65504) that the grader's changed data can take it past the limit (inf), so where it came from cannot be confirmed. Past 4/5 of the limit is not safe: use a smaller loss scale."),
     "fail.evidence_dropped": ("进程 {rank}：{quantity} 的数值是对的，但评分器没能保留 {ops} 传来的数据来确认它的来源：它前后的预热或计时循环用大小相近的张量反复通信，用完了评分器保存证据的预算。请减少循环的次数，或用大得多的张量（1 MB 以上）计时。",

@@ -119,6 +119,10 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             # own operations, used up the grader's budget for evidence): unproven, and nothing worse is known
             outcome = Outcome.NOT_COLLECTIVE
             notes.append(Note("fail.evidence_dropped", {**label, "ops": _ops_text(quantity)}))
+        elif proven is False and (moved := diagnose.integer_moved(quantity, record)) is not None:
+            outcome = Outcome.NOT_COLLECTIVE   # integers travel as sent: what they made proves nothing
+            notes += [Note("fail.not_collective_unperturbed", {**label, "ops": _ops_text(quantity)}), moved]
+            explained = True
         elif proven is False:
             outcome = Outcome.NOT_COLLECTIVE
             how = judge.how_computed(runs, quantity, record.rank)
