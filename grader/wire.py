@@ -26,7 +26,7 @@ MAX_FRAME = 96 << 20       # one frame: an operation's payload (MAX_PAYLOAD) and
 MAX_PAYLOAD = 64 << 20     # the tensors one operation sends
 MAX_HEADER = 1 << 20
 MAX_BLOBS = 4096
-MAX_DIMS = 16
+MAX_DIMS = 64             # numpy's own limit (torch goes further; 17 dimensions of size 1 are honest code)
 _HEAD = struct.Struct("<II")
 ALIGN = 64                 # where a frame's first blob starts (bytes into the body: a multiple of a cache line)
 

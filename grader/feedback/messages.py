@@ -90,7 +90,7 @@ SINGULAR = {"times": "time", "sends": "send", "receives": "receive", "ranks": "r
             "bytes": "byte", "elements": "element", "temporary files": "temporary file",
             "up-to-date results": "up-to-date result", "GPUs": "GPU", "files": "file", "more points": "more point",
             "hidden checks": "hidden check"}
-NOT_COUNTS = {"rank", "peer", "other", "source", "to", "frm", "n", "element", "line", "cell", "ws_id"}
+NOT_COUNTS = {"rank", "peer", "other", "source", "sender", "to", "frm", "n", "element", "line", "cell", "ws_id"}
 
 
 def _agree(template: str, values: dict) -> str:

@@ -33,7 +33,7 @@ HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op":
                                                                   "sent_reinterpreted", "carried_too_little", "wrong_root")},
                    **{f"cause.{k}": f"cause.{k}_generic" for k in ("counts_more", "counts_fewer", "counts_all",
                                                                   "volume_dtype", "volume_bytes", "groups_inside",
-                                                                  "groups_flat", "groups_flat_p2p")},
+                                                                  "groups_flat", "groups_flat_p2p", "groups_flat_p2p_crossed")},
                    # the tracer's account of an unproven value (why.*), in words with no value of the run
                    "why.contribution": "cause.contribution_hidden", "why.not_finite": "cause.not_finite",
                    "why.near_overflow": "cause.near_overflow",

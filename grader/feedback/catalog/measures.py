@@ -96,6 +96,14 @@ MESSAGES: dict[str, tuple[str, str]] = {
                               "Cause: ranks {ranks} (one node; nodes of {node} ranks) each send to another node (rank {rank}'s {op}, line {line}, for one): in hierarchical communication, only one rank per node (its leader) takes part across nodes."),
     "cause.groups_flat_p2p_generic": ("原因：同一个节点有不止一个进程向别的节点发送数据：分层通信中，跨节点的那一步每个节点只派一个进程（leader）。",
                                       "Cause: more than one rank of a node sent to another node: in hierarchical communication only one rank per node (its leader) takes part across nodes."),
+    "cause.groups_flat_p2p_crossed": ("原因：进程 {ranks} 属于同一个节点（每个节点 {node} 个进程），却都参与了跨节点的通信：进程 {sender} 向别的节点发送，"
+                                      "进程 {rank} 从别的节点接收（{op}，第 {line} 行）。分层通信中，跨节点的那一步每个节点只派一个进程（leader）收发。",
+                                      "Cause: ranks {ranks} (one node; nodes of {node} ranks) both take part across nodes: rank {sender} sends "
+                                      "to another node and rank {rank} receives from one ({op}, line {line}). In hierarchical communication "
+                                      "only one rank per node (its leader) sends and receives across nodes."),
+    "cause.groups_flat_p2p_crossed_generic": ("原因：同一个节点有不止一个进程参与跨节点的收发：分层通信中，跨节点的那一步每个节点只派一个进程（leader）。",
+                                              "Cause: more than one rank of a node sent or received across nodes: in hierarchical communication "
+                                              "only one rank per node (its leader) takes part across nodes."),
     "cause.groups_linked": ("原因：跨节点的 {op} 等操作经由别的节点的进程，把同一个节点的两个进程连到了一起（它们都与别的节点的同一批进程交换数据）：进程组切得再小，这也是扁平的通信。分层通信中，跨节点的那一步每个节点只派一个进程（leader）；张量分成几份时，可以由几组进程分别跨节点传送，但每组里每个节点只有一个进程，各组之间互不相连。",
                             "Cause: operations across nodes ({op} among them) link two ranks of the same node through ranks of other nodes (both exchange data across nodes with the same ranks): flat communication, however small its groups. In hierarchical communication only one rank per node (its leader) takes part across nodes; a tensor split in parts may cross in several sets of ranks, each with one rank per node, the sets kept apart."),
     "detail.groups_linked": ("  进程 {a} 和 {b} 属于同一个节点（节点 {node}），跨节点的通信把它们连在了一起：",

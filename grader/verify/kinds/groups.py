@@ -24,6 +24,7 @@ def _groups(judge, check: Check, run, carried) -> CheckResult:
     size = math.prod(quantity.expected_shape(n))
     notes, crossed = [], [0] * n
     first_send: dict[int, object] = {}   # rank -> its first send to another node
+    first_recv: dict[int, object] = {}   # rank -> its first receive from another node
     for rec in run.ranks:
         for call in carried.calls(run, rec):
             if OPS.get(call.op) is None:
@@ -34,6 +35,8 @@ def _groups(judge, check: Check, run, carried) -> CheckResult:
                 if call.op == "send" and peer is not None and peer // node != rec.rank // node:
                     crossed[rec.rank] += call.sent_bytes
                     first_send.setdefault(rec.rank, call)
+                elif call.op == "recv" and peer is not None and peer // node != rec.rank // node:
+                    first_recv.setdefault(rec.rank, call)
                 continue
             if len(nodes) > 1:
                 crossed[rec.rank] += call.sent_bytes
@@ -51,6 +54,17 @@ def _groups(judge, check: Check, run, carried) -> CheckResult:
             call = first_send[senders[1]]
             notes.append(Note("cause.groups_flat_p2p", {"rank": senders[1], "op": op_name(call), **at(call),
                                                         "ranks": senders, "k": len(senders), "node": node}))
+    # ... and as many as receive from another node: a flat ring (0 -> 1 -> 2 -> 3 -> 0 over nodes {0, 1} and
+    # {2, 3}) has one sender per node, but its other rank receives across nodes (3 -> 0)
+    for k in sorted({r // node for r in (*first_send, *first_recv)}):
+        senders = [r for r in sorted(first_send) if r // node == k]
+        takers = [r for r in sorted(first_recv) if r // node == k and r not in senders]
+        if senders and takers and not any(_named(notes, key) for key in ("cause.groups_flat", "cause.groups_flat_p2p")):
+            call = first_recv[takers[0]]
+            notes.append(Note("cause.groups_flat_p2p_crossed", {
+                "rank": takers[0], "op": op_name(call), **at(call), "sender": senders[0], "node": node,
+                "ranks": sorted({*senders, *takers})}))
+            break
     # across the run: one rank per node in each operation is not enough (2-rank groups of every pair of ranks
     # are flat communication cut small). The ranks that exchange data across nodes, directly or through one
     # another's operations across nodes, are one per node: the leaders, or, a tensor split in parts, one set
