@@ -11,6 +11,8 @@ import pytest
 
 from grader.exercise.spec import Quantity
 from grader.verify.observe import RunView
+from grader.switch import perturb
+from grader.verify import provenance
 from grader.verify.provenance import Tracer
 from switchsim import Sim
 
@@ -233,3 +235,50 @@ def test_a_bandwidth_loop_beside_the_answer_is_not_searched_when_the_answer_prov
     # from the bucket alone (N gradient values at the head of a 64K-element bucket): the whole pool proves it
     proof = _traced(view, MEAN, 0, np.asarray(bucket[0][:N] / ws), "torch.float32")
     assert proof.ok and ("pool", 0, None) in view.memo
+
+
+# -- likely sums named without reading them ------------------------------------------------------------------
+
+WIDE = Quantity("gradient", local=lambda r, ws: [r + 1.0] * 256, combine="mean", through=("all_reduce",))
+
+
+def _likely_means(ws: int, count: int) -> np.ndarray:
+    """The `count` most likely perturbed means of ranks' data r + 1 (a delta of k (r + 2) / STEPS each, k uniform
+    in 1..STEPS): what a rank can name from the grader's public source alone, reading nothing."""
+    steps = perturb.STEPS["torch.float32"]
+    dist = np.array([1.0])
+    for r in range(ws):
+        poly = np.zeros(steps * (r + 2) + 1)
+        poly[np.arange(1, steps + 1) * (r + 2)] = 1.0
+        dist = np.convolve(dist, poly)
+    best = np.argsort(-dist)[:count]
+    return (ws * (ws + 1) / 2 + best / steps) / ws
+
+
+def _ruled_out(monkeypatch, sim, quantity, finals, dtype="torch.float32"):
+    """The findings of each rank's proof; then, with the bound on chance matches lifted, whether they pass."""
+    view = RunView(sim.run())
+    found = [Tracer(view, quantity, dtype).prove(r, np.asarray(f, np.float64)).finding for r, f in enumerate(finals)]
+    monkeypatch.setattr(provenance, "AMBIGUOUS_MIN", 10 ** 9)
+    lifted = [Tracer(RunView(sim.run()), quantity, dtype).prove(r, np.asarray(f, np.float64)).ok for r, f in enumerate(finals)]
+    return [f.key if f else None for f in found], lifted
+
+
+def test_likely_sums_returned_without_reading_what_was_delivered_prove_nothing(monkeypatch):
+    """Each rank all-reduces a pool of its own data, interleaved with a far filler so that no two matches follow
+    each other, and returns the most likely perturbed means, never reading what arrived: each element matches
+    some delivered value, alone, a value that recurs in the pool. Not proven ("ambiguous"); with the bound
+    lifted the same guess passes: the bound is what refuses it."""
+    sim = Sim(2)
+    for _ in range(12):
+        sim.all_reduce([np.where(np.arange(16384) % 2 == 0, r + 1.0, 1e6) for r in range(2)])
+    guess = np.tile(_likely_means(2, 128), 2)
+    assert _ruled_out(monkeypatch, sim, WIDE, [guess, guess]) == (["ambiguous"] * 2, [True, True])
+
+
+def test_a_value_laid_out_element_by_element_from_what_was_delivered_is_proven():
+    """Honest, and every element a run of one: the delivered sum read with a stride (a ring's chunks taken as
+    t[k::N], say). It draws on as much as it holds, where a value seldom recurs: evidence."""
+    sim = Sim(2)
+    out = sim.all_reduce([[r + 1.0] * 256 for r in range(2)])
+    assert_proven(prove(sim, WIDE, [o.reshape(2, 128).T.reshape(-1) / 2 for o in out]))

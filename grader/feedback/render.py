@@ -37,7 +37,7 @@ HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op":
                    # the tracer's account of an unproven value (why.*), in words with no value of the run
                    "why.contribution": "cause.contribution_hidden", "why.not_finite": "cause.not_finite",
                    "why.near_overflow": "cause.near_overflow",
-                   "why.not_delivered_value": "cause.not_delivered_generic",
+                   "why.not_delivered_value": "cause.not_delivered_generic", "why.ambiguous": "cause.ambiguous_generic",
                    **{f"why.{k}": f"cause.{k}_generic" for k in ("contribution_derived", "weights", "not_delivered", "nonlinear",
                                                                 "inconsistent", "replay_missing", "incomplete", "unmatched")},
                    **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"

@@ -42,6 +42,13 @@ MAX_TIES = 4        # equally long delivered matches tried in turn when the firs
 # ("too_complex"), in bounded time.
 EXPLAINS_PER = 16
 ELEMENTS_BASE, ELEMENTS_PER = 20_000_000, 200
+# Elements matched in a short run (under SHORT) from a value that recurs in what was delivered (RECURS times or
+# more) are no evidence: constant data gives perturbed sums on a grid of 1/256 (float16: 5 steps, within 2%),
+# and a rank can name likely ones without reading any (a pool of its own data all-reduced, likely sums
+# returned: chance runs of a few). Honest values are runs (a chunk, a shard); a strided one draws on as much
+# as it holds, where a value seldom recurs that often. Past AMBIGUOUS_MIN such elements and AMBIGUOUS_SHARE of
+# the value: not proven ("ambiguous").
+SHORT, RECURS, AMBIGUOUS_MIN, AMBIGUOUS_SHARE = 16, 8, 8, 0.1
 
 
 class _TooComplex(Exception):
@@ -90,7 +97,7 @@ class Tracer:
         weights, index = self.target(n, rank)
         self.index = index
         self._alone = (weights == 1.0) & (np.count_nonzero(weights, axis=0) == 1)[None, :]
-        self.explains, self.elements = 0, 0
+        self.explains, self.elements, self.ambiguous = 0, 0, 0
         self.budget = ELEMENTS_BASE + ELEMENTS_PER * n
         self.max_explains = EXPLAINS_PER * self.ws * self.ws + self.ws * n
         try:
@@ -109,6 +116,8 @@ class Tracer:
                                                                  if weights[s, i] != 0],
                                                      "twice": [int(s) for s in np.where(w[:, i] > weights[:, i] * 1.5)[0]
                                                                if weights[s, i] != 0]}), self.calls)
+        if self.ambiguous > max(AMBIGUOUS_MIN, AMBIGUOUS_SHARE * n):
+            return Proof(False, Finding("ambiguous", {"rank": rank, "count": self.ambiguous}), self.calls)
         return Proof(True, None, self.calls)
 
     # -- the search
@@ -175,6 +184,12 @@ class Tracer:
             found = found[:64]
         entry = np.searchsorted(pool.starts, found, "right") - 1
         return list(zip(entry.tolist(), (found - pool.starts[entry]).tolist()))
+
+    def _recurs(self, pool: Pool, usable: np.ndarray, v: float) -> bool:
+        """Whether RECURS or more values this search may use (used or not) are within tolerance of v."""
+        tol = self.atol + self.rtol * abs(v)
+        lo, hi = np.searchsorted(pool.order, v - tol, "left"), np.searchsorted(pool.order, v + tol, "right")
+        return hi - lo >= RECURS and np.count_nonzero(usable[np.searchsorted(pool.starts, pool.index[lo:hi], "right") - 1]) >= RECURS
 
     def _scales(self, rank: int, before: int | None, top: bool) -> list[tuple[float, float]]:
         """(scale applied to delivered values, the scale it stands for) pairs to try."""
@@ -272,6 +287,7 @@ class Tracer:
                         summed = two
                 if summed is not None and (best is None or summed[0] > best[0]):
                     L, parts, with_own, offsets = summed
+                    self.ambiguous += L if depth == 0 and L < SHORT else 0   # delivered values summed: pairs match easily
                     for (call, k), p in zip(parts, offsets):
                         size = next(d.size for c, kk, d in pool.entries if c is call and kk == k)
                         self.used.setdefault((call.rank, call.seq, k), np.zeros(size, dtype=bool))[p:p + L] = True
@@ -301,6 +317,8 @@ class Tracer:
                 first = first or sub
             else:
                 return first
+            if depth == 0 and L < SHORT and self._recurs(pool, usable, (x[t] - c * own[t]) / s if c else x[t] / s):
+                self.ambiguous += L
             if kind == "accumulate":
                 W[rank, t:t + L] += c
             W[:, t:t + L] += s_eff * sub
