@@ -84,8 +84,11 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
     notes = []
     through = set(quantity.through)
     returned = record.how is How.RETURN   # a rank that stopped early says nothing of its ops
-    if returned and through and not through & {"send", "recv"} and not any(c.op in through for c in record.calls):
-        others = [c for c in record.calls if c.op != "barrier" and not c.via]   # not DDP's own start-up broadcast
+    # the quantity's operations never called, or called only on something smaller than the quantity (a
+    # one-element all_reduce beside a reduce and a broadcast of the whole gradient)
+    if returned and through and not through & {"send", "recv"} and \
+            not any(c.op in through and _carries(c, quantity, ws, record.rank) for c in record.calls):
+        others = [c for c in record.calls if c.op != "barrier" and not c.via and c.op not in through]   # not DDP's start-up broadcast
         # another operation in its place: one that carried data of this quantity's size, a send or a recv
         # included (the other ops may be another quantity's, with this one's TODO still open)
         carried = [c for c in others if _carries(c, quantity, ws, record.rank)]
@@ -94,9 +97,10 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
             notes.append(Note("cause.other_op", {"quantity": quantity.name, "ops": list(quantity.through),
                                                   "used": used, **at(carried[0])}))
             rooted = next((c for c in carried if c.op in ("reduce", "gather")), None)
-            if rooted is not None:
+            if rooted is not None and not any(c.op in ("broadcast", "scatter") for c in carried):   # then passed on
                 notes.append(Note("cause.rooted_op", {"op": op_name(rooted)}))
-        elif not any(c.via for c in record.calls) and not _called_elsewhere(run, record.rank, through):
+        elif not any(c.op in through for c in record.calls) and not any(c.via for c in record.calls) \
+                and not _called_elsewhere(run, record.rank, through):
             # (with DDP, its all-reduce missing is no TODO left open; nor where another rank called it)
             notes.append(Note("cause.op_missing", {"quantity": quantity.name, "ops": list(quantity.through)}))
     for call in record.calls:
