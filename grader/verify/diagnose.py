@@ -85,7 +85,7 @@ def call_causes(quantity, ws: int, record: RankRecord, run: RunOutcome | None = 
     through = set(quantity.through)
     returned = record.how is How.RETURN   # a rank that stopped early says nothing of its ops
     # the quantity's operations never called, or called only on something smaller than the quantity (a
-    # one-element all_reduce beside a reduce and a broadcast of the whole gradient)
+    # one-element all_reduce beside a reduce and a broadcast of the whole tensor)
     if returned and through and not through & {"send", "recv"} and \
             not any(c.op in through and _carries(c, quantity, ws, record.rank) for c in record.calls):
         others = [c for c in record.calls if c.op != "barrier" and not c.via and c.op not in through]   # not DDP's start-up broadcast
