@@ -119,8 +119,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "cause.integer_moved_generic": ("原因：{quantity} 经 {op} 传送的是整数张量：评分器无法确认由它得到的数值来自通信。请传送浮点张量。",
                                     "Cause: {quantity} went through {op} as integer tensors, so the grader cannot confirm that what "
                                     "was made of them came from the communication. Send floating tensors."),
-    "cause.ambiguous_generic": ("原因：{quantity} 的元素只能逐个地、靠可能是巧合的数值与送达的数据对上：请直接使用通信的结果。",
-                                "Cause: the elements of {quantity} match what was delivered only one by one, by numbers that can match by chance: use what the communication returns."),
+    "cause.ambiguous_generic": ("原因：{quantity} 的元素只能逐个地（或一小段一小段地）、靠可能是巧合的数值与送达的数据对上：请直接使用通信的结果。",
+                                "Cause: the elements of {quantity} match what was delivered only one by one (or a few at a time), by numbers that can match by chance: use what the communication returns."),
     "cause.other_op": ("原因：{quantity} 应当通过 {ops} 得到，但代码用的是 {used}（第 {line} 行）。",
                        "Cause: {quantity} must come through {ops}, but your code used {used} (line {line})."),
     "cause.group_name": ("原因：进程 {rank} 的 {op}（第 {line} 行）用的进程组与另一个进程组同名：一个由进程 {other} 组成，一个由进程 {ranks} 组成。"

@@ -143,8 +143,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "why.over_budget": ("  评分器在 {seconds:g} 秒 CPU 的工作量之内没能追溯这个值的来源。",
                         "  The grader could not trace this value within {seconds:g} s of its CPU time."),
     "why.too_deep": ("  数据经过的转发层数太多。", "  The data went through too many hops."),
-    "why.ambiguous": ("  进程 {rank} 的 {quantity} 有 {count} 个元素只能逐个地与送达的数据对上，而且对上的数值在送达的数据中反复出现：这样的吻合可能是巧合，证明不了数值来自通信。",
-                      "  {count} elements of {quantity} on rank {rank} match what was delivered only one by one, by numbers that recur in what was delivered: such matches can be chance, and prove nothing."),
+    "why.ambiguous": ("  进程 {rank} 的 {quantity} 有 {count} 个元素只能逐个地（或一小段一小段地）与送达的数据对上，而且对上的数值在送达的数据中反复出现：这样的吻合可能是巧合，证明不了数值来自通信。",
+                      "  {count} elements of {quantity} on rank {rank} match what was delivered only one by one (or a few at a time), by numbers that recur in what was delivered: such matches can be chance, and prove nothing."),
     "why.too_complex": ("  评分器无法在限定的工作量内追溯这个值的来源：数据与送达的值能以太多种方式对上。",
                         "  The grader could not trace this value within its budget: the data matches what was delivered in too many ways."),
 }
