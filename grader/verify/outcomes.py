@@ -100,6 +100,10 @@ def _where(record: RankRecord, key: str) -> Note:
     if last:   # a real-backend run: no switch saw where the rank waits, only the last call it started
         return Note(key + "_real", {"rank": record.rank, "op": last.get("api") or last.get("op") or "?",
                                     "line": last.get("line") or "?"})
+    if key == "fail.timeout" and record.calls:   # between operations: how far it got (a loop of thousands, say)
+        done = record.calls[-1]
+        return Note("fail.timeout_after", {"rank": record.rank, "count": len(record.calls), "op": op_name(done),
+                                           **at(done)})
     return Note(key + "_outside", {"rank": record.rank})
 
 

@@ -53,6 +53,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                             "Time limit: rank {rank} was stuck in its operation #{n}, {op} (line {line}), waiting for the other ranks."),
     "fail.timeout_outside": ("超时：进程 {rank} 在通信操作之外一直没有结束（死循环或等待？）。",
                              "Time limit: rank {rank} never finished, outside any communication (an endless loop or a wait?)."),
+    "fail.timeout_after": ("超时：进程 {rank} 没有结束；时间用完时它不在通信操作里，此前已完成 {count} 个通信操作（最后一个是 {op}，第 {line} 行）：死循环、等待，或者操作多得在时限内做不完？",
+                           "Time limit: rank {rank} never finished; it was outside any communication when the time ran out, after {count} operations (the last: {op}, line {line}): an endless loop, a wait, or more operations than the time allows?"),
     "fail.timeout_real": ("超时：进程 {rank} 没有结束；它最后调用的通信操作是 {op}（第 {line} 行）。",
                           "Time limit: rank {rank} never finished; the last communication it called was {op} (line {line})."),
     "cause.isend_not_waited_generic": ("原因：有进程从没有 wait() 过它的 isend 返回的请求。在 gloo 上，如果请求在接收方发出 recv 之前就被丢弃，这条消息永远不会送达，接收方便一直等下去。请保存请求，在接收完成后调用 req.wait()。",
