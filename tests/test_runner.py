@@ -390,3 +390,24 @@ def test_a_zygote_that_preloads_for_a_run_is_given_the_time_it_takes(monkeypatch
     with Runner() as runner:
         [run] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="e.py", preload=("torch._dynamo",))])
     assert run.stop == "completed", (run.stop, run.error)
+
+
+@pytest.mark.timeout(120)
+def test_only_modules_new_to_the_zygote_lengthen_the_wait_for_a_start(monkeypatch):
+    """Nearly every submission names some torch module: the long wait is for modules this zygote has not
+    imported yet, so that a zygote that stops answering is still found out in START_SECONDS on later runs."""
+    from grader.processes import zygote_client
+    waits, recv = [], zygote_client.socket.recv_fds
+
+    def spy(sock, *args, **kwargs):
+        waits.append(sock.gettimeout())
+        return recv(sock, *args, **kwargs)
+    monkeypatch.setattr(zygote_client.socket, "recv_fds", spy)
+    with Runner() as runner:
+        runner._ready()
+        for preload, wait in ((("torch._dynamo",), zygote_client.PRELOAD_SECONDS),   # new: imported first
+                              (("torch._dynamo",), zygote_client.START_SECONDS), ((), zygote_client.START_SECONDS)):
+            waits.clear()
+            [run] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="e.py", preload=preload)])
+            assert run.stop == "completed", (run.stop, run.error)
+            assert waits[:1] == [wait], (preload, waits)

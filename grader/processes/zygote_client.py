@@ -41,7 +41,7 @@ def _sweep_stale_bases() -> None:
 
 
 START_SECONDS = 30      # the zygote's answer to a run it is asked to start
-PRELOAD_SECONDS = 600   # ... when it imports modules for it first (inductor's own lock on a header waits 600 s)
+PRELOAD_SECONDS = 600   # ... when it imports modules it was never asked for first (torch.compile's header)
 
 class GraderError(RuntimeError):
     """The grader itself could not run (not the student's fault)."""
@@ -85,6 +85,7 @@ class ZygoteClient:
         self.proc, self.conn = started if started is not None else \
             launch.start_zygote(self.base, self.python, template=not cold)
         self.hello = None
+        self.asked: set = set()   # modules this zygote was asked to preload (imported by now)
 
     def _ready(self) -> dict:
         if self.hello is None:
@@ -229,15 +230,17 @@ class ZygoteClient:
                "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
-            # modules to preload: the zygote imports them (and, for torch.compile, builds the grader's header
-            # for inductor once per machine) before it answers, which a loaded machine can take minutes over
-            self.conn.settimeout(PRELOAD_SECONDS if request.preload else START_SECONDS)
+            # modules new to this zygote: it imports them (and, for torch.compile, builds the grader's header
+            # for inductor once per machine) before it answers, which a loaded machine can take minutes over;
+            # a plain start, or modules it imported for an earlier run, answers within START_SECONDS
+            self.conn.settimeout(PRELOAD_SECONDS if set(request.preload) - self.asked else START_SECONDS)
             try:
                 data, fds, _, _ = socket.recv_fds(self.conn, 1 << 16, 1)
             finally:
                 self.conn.settimeout(START_SECONDS)
             if not data or not fds:
                 raise GraderError("zygote closed the connection")
+            self.asked |= set(request.preload)
         except (OSError, GraderError) as err:
             for fd in send_fds + keep:
                 os.close(fd)
