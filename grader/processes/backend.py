@@ -54,15 +54,18 @@ class Link:
 
 
 _LINK: Link | None = None
+# the operations whose work has no future on gloo (torch 2.13: ProcessGroupGloo's send, receive and
+# reduce-scatter works keep Work::getFuture's "not implemented"; every other collective's has one)
+FUTURELESS = ("send", "recv", "reduce_scatter")
 _MISSING = object()
 
 
 class SwitchWork(Work):
     """The handle the student holds: complete once the switch has answered (see the module docstring)."""
 
-    def __init__(self, seq: int, timeout: float, outputs: list):
+    def __init__(self, seq: int, timeout: float, outputs: list, futureless: bool = False):
         super().__init__()
-        self.seq, self.timeout = seq, timeout
+        self.seq, self.timeout, self.futureless = seq, timeout, futureless
         self.done = threading.Event()
         self.future = torch.futures.Future()
         self.error: BaseException | None = None
@@ -126,6 +129,8 @@ class SwitchWork(Work):
         return self.error
 
     def get_future(self):
+        if self.futureless:   # gloo's works of these operations have none: the student's code fails there too
+            raise RuntimeError("Work::getFuture not implemented.")
         self._note_wait()  # whoever holds the future waits through it
         _start_completer()
         with self._lock:
@@ -392,7 +397,7 @@ class GraderProcessGroup(dist.ProcessGroup):
         with _SEQ_LOCK:   # numbered and sent in one step: the switch sees them in order
             seq = header["seq"] = _SEQ[0]
             _SEQ[0] += 1
-            work = SwitchWork(seq, self._timeout, student_out)
+            work = SwitchWork(seq, self._timeout, student_out, futureless=method.op in FUTURELESS)
             _PENDING[seq] = (work, student_out)
             link.channel.send(header, blobs)
         return work
