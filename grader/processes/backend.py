@@ -75,6 +75,7 @@ class SwitchWork(Work):
         self._lock = threading.Lock()
         self._delivery = None        # the copy into the student's tensors, made once (_deliver)
         self._future_wanted = False
+        self._peeked = False
 
     def _landed(self, delivery, error: BaseException | None, source: int | None) -> None:
         """The channel's thread: the answer is here; the data is copied when the student may look."""
@@ -142,6 +143,9 @@ class SwitchWork(Work):
     def result(self):
         if self.done.is_set():
             self._deliver()
+        if not self.reported_wait and not self._peeked and _LINK is not None:
+            self._peeked = True   # the outputs read without a wait: on gloo a race (verification says so)
+            _LINK.channel.send({"t": "peek", "seq": self.seq})
         return list(self.outputs)
 
     def source_rank(self) -> int:

@@ -268,7 +268,7 @@ class Runner(ZygoteClient):
         for header, blobs in frames:
             run.last_progress = time.monotonic()
             try:
-                if header.get("t") in ("op", "wait"):
+                if header.get("t") in ("op", "wait", "peek"):
                     if run.switch is None:
                         raise ProtocolError("operations outside a graded run")
                     run.switch.receive(r, header, blobs)

@@ -109,14 +109,17 @@ class Switch:
 
     # -- frames in ----------------------------------------------------------------------------------
     def receive(self, rank: int, header: dict, blobs: list) -> None:
-        """An "op" or "wait" frame from `rank`. Raises ProtocolError (or wire.WireError) for a bad one."""
+        """An "op", "wait" or "peek" frame from `rank`. Raises ProtocolError (or wire.WireError) for a bad one."""
         self.clock += 1
         kind = header.get("t")
-        if kind == "wait":
+        if kind in ("wait", "peek"):
             seq = header.get("seq")
             if not _int(seq, 0, len(self.calls[rank])):
-                raise ProtocolError("wait for an operation that does not exist")
+                raise ProtocolError(f"{kind} for an operation that does not exist")
             call = self.calls[rank][seq]
+            if kind == "peek":
+                call.peeked = True
+                return
             call.waited = True
             if not call.completed:
                 self.blocked[rank] = seq

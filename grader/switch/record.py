@@ -69,6 +69,7 @@ class Call:
     via: str | None = None          # a library that made the call on its own ("DistributedDataParallel")
     async_op: bool | None = None
     waited: bool = False
+    peeked: bool = False            # its outputs read (result()) before any wait
     ms: float = 0.0                 # real-backend runs only: the rank's own timing
 
     def sent_values(self) -> list[np.ndarray | None]:

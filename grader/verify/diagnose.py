@@ -286,6 +286,13 @@ def async_without_wait(calls: list[Call]) -> Call | None:
     return next((c for c in calls if c.async_op and not c.waited), None)
 
 
+def read_without_wait(calls: list[Call]) -> Call | None:
+    """An operation started with async_op=True whose outputs the rank read (its handle's result()) without
+    ever waiting: on gloo a race. One never read left the student's tensors as they were (the rank copies
+    what was delivered only at wait(), is_completed() or a future), so nothing the rank holds came from it."""
+    return next((c for c in calls if c.async_op and not c.waited and c.peeked), None)
+
+
 @functools.lru_cache(maxsize=8)
 def _assigned(source: str) -> tuple:
     from ..submission import static

@@ -30,7 +30,7 @@ def proven(judge, run: RunOutcome) -> bool:
                 proof = judge.proof(run, quantity, record.rank, check)
                 if proof is None or not proof.ok or proof.rounded:   # (rounded: its clean run decides the value)
                     return False
-                if diagnose.async_without_wait(proof.calls) is not None:
+                if diagnose.read_without_wait(proof.calls) is not None:
                     return False
     return True
 

@@ -62,6 +62,7 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
     ws, run = runs.world_size, runs.clean
     value, from_snapshot = judge.value(record, quantity.name)
     outcome, detail = judge.judge_clean(quantity, value, ws, record.rank)
+    right = outcome is Outcome.PASS   # the numbers are right (a verdict below may still fail them)
     failure = outcomes.rank_failure(run, record)
     notes: list[Note] = []
     details: list[Note] = []
@@ -95,7 +96,7 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             details.append(rank_value(judge, quantity, ws, record.rank, value))
     elif quantity.provenance:
         proven, proof = judge.provenance(runs, quantity, record.rank)
-        waiting = diagnose.async_without_wait(proof.calls if proof is not None else [])
+        waiting = diagnose.read_without_wait(proof.calls if proof is not None else [])
         if proven and waiting is not None:
             outcome = Outcome.WRONG   # right by luck: the result of an un-waited operation may not have arrived
             notes.append(Note("fail.async_no_wait", {**label, "op": diagnose.op_name(waiting)}))
@@ -141,7 +142,9 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
     if outcome is not Outcome.PASS:
         notes.extend(diagnose.call_causes(quantity, ws, record, run))
-        if not explained:
+        # right numbers failed for how they were had (read before wait(), a whole mean floored): the note says
+        # why; a mistake of the exercise's that leaves these numbers as they are is no cause of anything
+        if not explained and not (right and outcome is Outcome.WRONG):
             others = {q.name: judge.value(record, q.name)[0] for q in judge.exercise.quantities}
             notes.extend(causes.exercise_causes(judge.exercise, quantity, value, ws, record, outcome, others))
     return record.rank, outcome, notes, details
