@@ -129,3 +129,22 @@ def test_a_header_is_built_aside_and_moved_in_whole(tmp_path):
 
     assert inductor._built_whole(codecache, whole, str(folder), "p.h", "g++", {}) == str(folder / "k.h")
     assert sorted(os.listdir(folder)) == ["k.h", "k.h.gch"] and (folder / "k.h.gch").read_bytes() == b"whole"
+
+
+@pytest.mark.timeout(300)
+def test_code_that_names_torch_compile_and_hangs_gets_the_plain_limits_after_its_first_time_out(tmp_path):
+    """Runs of code that names torch.compile are made one at a time with twice the limits (its ranks compile);
+    once one runs out of time, compiling is not what the code waits on: the later runs get the plain limits
+    (and the clean runs are made at once), so naming torch.compile does not make a hang cost 12 times more."""
+    from conftest import run_cli
+    limit = 3
+    out = tmp_path / "r.json"
+    proc = run_cli("grade", str(ROOT / "tests" / "fixtures" / "compile" / "a01_names_compile_then_sleeps.py"),
+                   "--exercise", "dist_primitives", "--time-limit", str(limit), "--results", str(out), "--lang", "en",
+                   timeout=280)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    runs = json.loads(out.read_text())["extra_data"]["runs"]
+    assert all(run["stop"] == "timeout" for run in runs) and len(runs) == 6, runs   # 3 perturbed, 3 clean
+    first, *later = sorted(runs, key=lambda run: -run["elapsed"])
+    assert first["label"] == "perturbed" and first["world_size"] == 2 and first["elapsed"] >= 2 * limit, runs
+    assert all(run["elapsed"] < 2 * limit for run in later), runs
