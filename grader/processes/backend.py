@@ -249,6 +249,8 @@ def _on_frame(header, blobs) -> None:
                     src = _to(src, dst.device)
                 if dst.dtype == torch.bool:   # its bytes as delivered: a bool SUM leaves counts in them, as gloo does
                     dst, src = _view(dst, torch.uint8), _view(src, torch.uint8)
+                if dst.layout != torch.strided:
+                    src = _TB.coalesce(_TB.to_sparse(src, dst.sparse_dim()))
                 if dst.is_inference():   # written as the network would, whichever thread delivers
                     with torch.inference_mode():
                         _copy_(dst, src)
@@ -274,7 +276,7 @@ def _describe(value, blobs: list | None):
         desc = {"dtype": str(value.dtype), "shape": list(value.shape)}
         if desc["dtype"] not in wire.DTYPES:
             raise TypeError(f"the grader cannot carry tensors of dtype {value.dtype}")
-        if not _TB.is_contiguous(value):   # gloo refuses some operations on such a tensor, and adds a view's
+        if value.layout == torch.strided and not _TB.is_contiguous(value):   # gloo refuses some operations on such a tensor, and adds a view's
             desc["contiguous"] = False    # elements in the order they lie in memory (the switch decides)
             desc["strides"] = list(_TB.stride(value))
         if blobs is not None:
@@ -383,6 +385,12 @@ class GraderProcessGroup(dist.ProcessGroup):
         student_out = _tensors(named.get(method.receives)) if method.receives else []
         blobs: list = []
         with Guard():
+            if method.op == "all_reduce" and _reduce_name(opts) not in (None, "SUM") and any(
+                    t.layout != torch.strided for t in _tensors(named.get(method.sends))):
+                raise RuntimeError("ProcessGroupGloo::allreduce: unsupported reduction operation (allreduce of "
+                                   "sparse tensors only works with ReduceOp.SUM)")
+            # a sparse tensor (torch dispatches only all_reduce of one here) travels as its dense values, and
+            # the sum comes back into it as a sparse tensor, as gloo's sparse all-reduce leaves it
             inputs = _describe(named.get(method.sends), blobs if sends else None) if method.sends else None
             outputs = _describe(named.get(method.receives), None) if method.receives else None
         peer = named.get("peer")

@@ -46,7 +46,9 @@ def unreadable(err: BaseException) -> dict:
 
 
 def tensor_bytes(t) -> memoryview:
-    """The raw bytes of a tensor (C order, on the host); the caller holds the guard."""
+    """The raw bytes of a tensor (C order, on the host; a sparse one's dense values); the caller holds the guard."""
+    if t.layout != torch.strided:
+        t = _TB.to_dense(t)
     t = _TB.reshape(_TB.contiguous(_TB.detach(t)), (-1,))   # flat: a memoryview cannot cast a shape with a 0
     if t.device.type != "cpu":
         t = _TB.cpu(t)
