@@ -90,6 +90,7 @@ class Quantity:
     tolerance          the dtype whose tolerance values are compared with ("torch.float16": a float32 value
                        computed from float16 communication); default: the dtype of the value
     forwards           ranks send on what they received, not only their own data (a hierarchy's leaders)
+    dtypes             the dtypes the value must have (default: any floating dtype)
     """
     name: str
     local: Callable[[int, int], Sequence[float]] | None = None
@@ -101,6 +102,7 @@ class Quantity:
     provenance: bool = True
     label: tuple[str, str] | None = None   # how feedback names it (zh, en); default: its name
     tolerance: str | None = None
+    dtypes: tuple[str, ...] = ()
     forwards: bool = False     # ranks send on what they received (a node's sum from its leader): what a rank sends
     #                            is then not only its own data: never named as "not its own data", nor its own
     #                            data left "unchanged" (the exercise's mistakes say what happened)
@@ -132,6 +134,8 @@ class Quantity:
             validate.words(f"Quantity({name!r}).label", self.label, where)
         if self.tolerance is not None:
             validate.dtypes(f"Quantity({name!r}).tolerance", (self.tolerance,), where)
+        if self.dtypes:
+            validate.dtypes(f"Quantity({name!r}).dtypes", self.dtypes, where)
 
     @property
     def derived(self) -> bool:

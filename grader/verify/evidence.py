@@ -87,6 +87,8 @@ class Evidence:
             return Outcome.BAD_TYPE, "detail.subclass"
         if value.omitted in ("layout", "dtype") or not value.floating:
             return Outcome.WRONG, "detail.dtype"
+        if quantity.dtypes and value.dtype not in quantity.dtypes:
+            return Outcome.WRONG, "detail.dtype_declared"
         if list(value.shape or []) != quantity.expected_shape(ws):
             return Outcome.WRONG, "detail.shape"
         if value.data is None:

@@ -48,6 +48,7 @@ OWN = dict(own=lambda rank, ws: [gradient(rank)], weight=lambda ws: 1.0 / ws)
 SHAPE = lambda ws: [OUT_FEATURES, IN_FEATURES]   # noqa: E731
 QUANTITIES = (
     Quantity("grad", combine=Linear(**OWN), through=("all_reduce",), shape=SHAPE, tolerance="torch.float16",
+             dtypes=("torch.float32",),   # TODO 2: the averaged gradient back in float32
              label=("平均梯度 grad", "the averaged gradient grad")),
     Quantity("weights", combine=Linear(**OWN, start=initial_weights, factor=-LR), through=("all_reduce",), shape=SHAPE,
              tolerance="torch.float32", label=("更新后的权重 weights", "the updated weights")),

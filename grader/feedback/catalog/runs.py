@@ -120,6 +120,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "detail.not_tensor": ("进程 {rank}：{quantity} 不是 torch.Tensor。", "Rank {rank}: {quantity} is not a torch.Tensor."),
     "detail.subclass": ("进程 {rank}：{quantity} 是 torch.Tensor 的子类，请返回普通的 torch.Tensor。",
                         "Rank {rank}: {quantity} is a subclass of torch.Tensor; return a plain torch.Tensor."),
+    "detail.dtype_declared": ("进程 {rank}：{quantity} 是 {dtype}，这道题要的是 {dtypes}。",
+                              "Rank {rank}: {quantity} is {dtype}; the exercise asks for {dtypes}."),
     "detail.dtype": ("进程 {rank}：{quantity} 的 dtype 不是浮点类型。", "Rank {rank}: {quantity} does not have a floating dtype."),
     "detail.shape": ("进程 {rank}：{quantity} 的形状不对。", "Rank {rank}: {quantity} has the wrong shape."),
     "detail.values": ("进程 {rank}：{quantity} 的数值不对。", "Rank {rank}: {quantity} has wrong values."),

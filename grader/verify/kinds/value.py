@@ -84,7 +84,7 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             details.extend(outcomes.last_call(record, note))
         if not from_snapshot:    # a snapshot is a value in the making: its numbers explain nothing
             others = {q.name: judge.value(record, q.name)[0] for q in judge.exercise.quantities}
-            if detail in ("detail.values", "detail.shape", "detail.dtype"):
+            if detail in ("detail.values", "detail.shape", "detail.dtype", "detail.dtype_declared"):
                 notes.extend(causes.value_causes(quantity, value, ws, record.rank, record, others,
                                                    judge.source, judge.exercise))
                 explained = True
@@ -92,7 +92,8 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             # 1/N is "summed, not averaged", not "counted twice")
             if detail == "detail.values" and quantity.provenance and not any(n.key.startswith("cause.") for n in notes):
                 notes.extend(_weights(judge, runs, quantity, record.rank))
-            notes.append(Note(detail, label))
+            notes.append(Note(detail, {**label, "dtype": value.dtype, "dtypes": list(quantity.dtypes)}
+                              if detail == "detail.dtype_declared" else label))
             details.append(rank_value(judge, quantity, ws, record.rank, value))
     elif quantity.provenance:
         proven, proof = judge.provenance(runs, quantity, record.rank)
