@@ -405,6 +405,8 @@ class GraderProcessGroup(dist.ProcessGroup):
                   if "input_splits" in named else None,
                   "device": next((t.device.type for t in _tensors(named.get(method.sends)) + student_out), "cpu"),
                   "inputs": inputs, "outputs": outputs, **_student_frame()}
+        if header["async"] is None and method.op == "recv" and header["api"] in ("irecv", "batch_isend_irecv"):
+            header["async"] = True   # a receive that returns at once: its buffer holds the message after wait()
         link.snapshot()
         with _SEQ_LOCK:   # numbered and sent in one step: the switch sees them in order
             seq = header["seq"] = _SEQ[0]

@@ -99,7 +99,10 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     if little is not None:
         notes.append(little)
     notes += contribution_causes(quantity, ws, record, calls)
-    if not sends:   # what was sent says how the numbers were lost: the exercise's values of them would not
+    # what was sent says how the numbers were lost: the exercise's values of them would not; nor of numbers read
+    # before an operation never waited on delivered them (whatever its buffer held)
+    unwaited = any(c.async_op and not c.waited for c in calls) and record.how is How.RETURN
+    if not sends and not unwaited:
         notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG,
                                  others)
     return notes

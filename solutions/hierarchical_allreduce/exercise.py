@@ -14,7 +14,7 @@ Points (100): static 10; per world size 30: the sum 20, the hierarchy 10 (for a 
 """
 import numpy as np
 
-from grader.exercise import Check, Exercise, Mistake, NotRan, Quantity, Ran, Teach, Todo
+from grader.exercise import Check, Exercise, Mistake, NotRan, Quantity, Ran, Sent, Teach, Todo
 
 LENGTH, NODE_SIZE = 512, 2
 VISIBLE, HIDDEN = (4,), (6, 8)
@@ -44,7 +44,10 @@ MISTAKES = (
     Mistake("cause.divided_by_node_size", value=lambda r, ws: total(ws) / NODE_SIZE),
     Mistake("cause.node_sum_only", value=lambda r, ws: np.sum([local_tensor(q) for q in node_of(r)], axis=0)),
     Mistake("cause.no_broadcast", value=local_tensor, when=(NotRan("broadcast"),)),
-    Mistake("cause.broadcast_wrong_root", value=lambda r, ws: local_tensor(node_of(r)[1]), tie=(Ran("broadcast"),)),
+    # the node's second rank broadcast (its own data: the reduce left its buffer as it was), seen on that rank: a
+    # non-leader that kept its own data after a broadcast from the leader (received into another tensor) is not it
+    Mistake("cause.broadcast_wrong_root", value=lambda r, ws: local_tensor(node_of(r)[1]), tie=(Ran("broadcast"),),
+            when=(Sent("broadcast", own=lambda r, ws: [local_tensor(r)]),)),
 )
 TEACH = (
     Teach("teach.header", per="run", say=lambda f: {"node": NODE_SIZE, "nodes": f.ws // NODE_SIZE}),

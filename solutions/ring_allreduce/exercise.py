@@ -64,6 +64,21 @@ def _multipliers(values):   # each element of the right answer is index x SCALE 
     return values[1:] / (np.arange(1, LENGTH) * SCALE)
 
 
+def _subset_sums(values, rank, ws):
+    """Every element a whole number of ranks' data, not the same everywhere, not the rank's own data: chunks
+    summed over the wrong ranks (a divided sum, the same everywhere, is no such thing)."""
+    m = _multipliers(values)
+    return bool(np.all(np.abs(m - np.round(m)) < 1e-3) and np.ptp(m) > 0.5
+                and not np.allclose(m, rank + 1, rtol=1e-5))
+
+
+def _mean(values, rank, ws):
+    """The sum divided by N everywhere, where that is not the rank's own data (at N = 3 rank 1's own data is
+    the mean: a ring on a copy leaves it)."""
+    mean = (ws + 1) / 2
+    return mean != rank + 1 and bool(np.allclose(_multipliers(values), mean, rtol=1e-5))
+
+
 def _tail_any(rank, ws):   # right but for the last LENGTH % N elements
     values = np.sum([local(q, ws) for q in range(ws)], axis=0)
     values[LENGTH - LENGTH % ws:] = np.nan
@@ -79,7 +94,8 @@ MISTAKES = (
     *(Mistake("cause.no_all_gather", knobs={**way, "gather": False}) for way in WAYS),
     Mistake("cause.own_twice", test=lambda v, r, ws: bool(np.all(_multipliers(v) >= ws * (ws + 1) / 2 - 1e-3))),
     *(Mistake("cause.copy_not_add", when=(SentAs({**way, "add": False}),)) for way in WAYS),
-    Mistake("cause.chunk_mixup", otherwise=True, test=lambda v, r, ws: not np.allclose(_multipliers(v), r + 1, rtol=1e-5)),
+    Mistake("cause.chunk_mixup", otherwise=True, test=_subset_sums),
+    Mistake("cause.divided", test=_mean, ws=lambda ws: ws > 1),
 )
 
 
@@ -100,8 +116,10 @@ MESSAGES = {
                         "Cause: this exercise builds all-reduce from send/recv: no collective may be called."),
     "cause.uneven": ("原因：只有最后 N 除不尽的那几个元素不对——张量长度不能被 world_size 整除时，块的大小不相等，分块必须覆盖整个张量（例如 tensor.tensor_split(world_size)，或让最后一块取到末尾）。",
                      "Cause: only the last elements, those left over when the length is divided by world_size, are wrong: when the length is not divisible by world_size the chunks differ in size, and they must cover the whole tensor (tensor.tensor_split(world_size), or let the last chunk run to the end)."),
-    "cause.own_twice": ("原因：结果里有的进程的数据被算了两次（数值偏大）——Reduce-Scatter 每一步只把收到的块加到自己的块上（chunk += incoming），不要再加一次自己的原始数据。",
-                        "Cause: some ranks' data is counted twice (the sum is too large): at each reduce-scatter step add only what arrived (chunk += incoming), not your own data once more."),
+    "cause.own_twice": ("原因：结果里有的进程的数据被算了两次（数值偏大）——Reduce-Scatter 每一步只把收到的块加到自己的块上（chunk += incoming），不要再加一次自己的原始数据；All-Gather 每一步用收到的块替换自己的块（chunk.copy_(incoming)），不是再加上去。",
+                        "Cause: some ranks' data is counted twice (the sum is too large): at each reduce-scatter step add only what arrived (chunk += incoming), not your own data once more; at each all-gather step what arrives replaces your chunk (chunk.copy_(incoming)), it is not added."),
+    "cause.divided": ("原因：结果是总和除以 world_size（平均值）：这个练习的 all-reduce 求的是和，环结束后不要再除。",
+                      "Cause: the result is the sum divided by world_size (the mean): this exercise's all-reduce is the sum; do not divide after the ring."),
     "cause.no_all_gather": ("原因：只有一块是完整的总和，其余的块仍是部分和——Reduce-Scatter 之后还需要 All-Gather 阶段（再 N - 1 步），把每个进程求好的那一块传给所有进程。",
                             "Cause: one chunk holds the complete sum and the others partial sums: after the reduce-scatter comes the all-gather phase (N - 1 more steps), which passes every rank's finished chunk to all."),
     "cause.send_to_self": ("原因：有进程把数据发给了它自己（dst 等于自己的 rank）：环中进程 r 只发给右邻居 (r + 1) % N，只从左邻居 (r - 1) % N 接收。",
@@ -112,8 +130,8 @@ MESSAGES = {
                           "Cause: tensor.view(world_size, -1) (or reshape) needs a length that world_size divides, and this tensor's length is not divisible by it: cut it into chunks of unequal sizes instead, tensor.tensor_split(world_size) (views of the tensor: writing a chunk writes the tensor)."),
     "cause.copy_not_add": ("原因：每个元素只含一个进程的数据，不是总和，正是 Reduce-Scatter 每一步用收到的块覆盖自己的块时的结果：要把收到的块加到自己的块上（chunk += incoming，或 add_），不能用它覆盖（copy_、赋值）——覆盖会丢掉已经累加的部分和。",
                            "Cause: every element holds one rank's data, not the sum, exactly what a ring gives whose reduce-scatter steps copy what arrived over the chunk: add it to your chunk instead (chunk += incoming, or add_); copying it over (copy_, assignment) throws the partial sum away."),
-    "cause.chunk_mixup": ("原因：有的块不是所有进程数据的总和（有的进程缺了，有的多算了）——检查每一步发送和接收的块号：第 s 步，进程 r 在 Reduce-Scatter 中发送块 (r - s) % N、接收块 (r - s - 1) % N；在 All-Gather 中发送块 (r + 1 - s) % N、接收块 (r - s) % N。",
-                          "Cause: some chunks are not the sum of every rank's data (a rank missing, or counted twice): check the chunk index of each step: at step s, rank r sends chunk (r - s) % N and receives chunk (r - s - 1) % N in the reduce-scatter, then sends chunk (r + 1 - s) % N and receives chunk (r - s) % N in the all-gather."),
+    "cause.chunk_mixup": ("原因：有的块不是所有进程数据的总和（有的进程缺了，有的多算了）——检查每一步发送、接收并写回 tensor 的块：第 s 步，进程 r 在 Reduce-Scatter 中发送块 (r - s) % N、接收块 (r - s - 1) % N；在 All-Gather 中发送块 (r + 1 - s) % N、接收块 (r - s) % N。",
+                          "Cause: some chunks are not the sum of every rank's data (a rank missing, or counted twice): check which chunk each step sends, receives and writes back into the tensor: at step s, rank r sends chunk (r - s) % N and receives chunk (r - s - 1) % N in the reduce-scatter, then sends chunk (r + 1 - s) % N and receives chunk (r - s) % N in the all-gather."),
 }
 
 EXERCISE = Exercise(

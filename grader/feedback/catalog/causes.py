@@ -106,8 +106,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                "Cause: the result of {op} (async_op=True) was read before wait() (torch.cat before wait, say), so it still held the buffers' old contents."),
     "cause.all_blocked_in_send": ("原因：每个进程都卡在 send 里。gloo 不缓存发送：send 要等对方调用 recv 才会完成，如果所有进程都先 send 再 recv，就会互相等待。请先发起接收（irecv），或按进程编号的奇偶交替收发顺序。",
                                   "Cause: every rank is blocked in send. gloo does not buffer sends: a send completes only once the peer posts its receive, so if every rank sends before it receives, they all wait. Post the receive first (irecv), or alternate the order by rank parity."),
-    "cause.async_no_wait": ("原因：{op} 用 async_op=True 发起后从没有调用 wait()，结果可能还没到。",
-                            "Cause: {op} was started with async_op=True and never waited on, so its result may not have arrived."),
+    "cause.async_no_wait": ("原因：{op} 是异步发起的（async_op=True，或 isend / irecv），之后从没有调用 wait()，结果可能还没到。",
+                            "Cause: {op} was started asynchronously (async_op=True, or isend / irecv) and never waited on, so its result may not have arrived."),
     "cause.object_collective": ("原因：{op} 传送的是 pickle 序列化后的对象字节，不是张量本身：评分器无法确认数值来自通信。请直接对张量使用对应的集合通信。",
                                 "Cause: {op} sends pickled bytes of an object, not the tensor itself, so the grader cannot confirm the numbers came through the communication. Use the collective on the tensor directly."),
     "cause.integer_moved": ("原因：{quantity} 经 {op}（第 {line} 行）传送的是整数张量（{dtype}）。评分器只改变通信中的浮点数据（以及整数求和），"

@@ -142,7 +142,11 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             outcome = Outcome.NOT_COLLECTIVE
             notes.append(Note("fail.unobserved", {**label, "ops": _ops_text(quantity)}))
     if outcome is not Outcome.PASS:
-        notes.extend(diagnose.call_causes(quantity, ws, record, run))
+        called = diagnose.call_causes(quantity, ws, record, run)
+        notes.extend(called)
+        # numbers read before their operation delivered them (never waited on) are whatever the buffer held: no
+        # mistake of the exercise's is certain of them (causes.value_causes leaves them out too)
+        explained = explained or outcome is Outcome.WRONG and any(n.key == "cause.async_no_wait" for n in called)
         # right numbers failed for how they were had (read before wait(), a whole mean floored): the note says
         # why; a mistake of the exercise's that leaves these numbers as they are is no cause of anything
         if not explained and not (right and outcome is Outcome.WRONG):
