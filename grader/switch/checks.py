@@ -281,8 +281,10 @@ def point_to_point(call, args: Args, n: int) -> None:
     if call.peer is not None:
         me = call.group.index(call.rank)
         if not 0 <= call.peer < n:   # gloo waits forever (no pair to that rank): named instead
-            raise OpError(f"ProcessGroupGloo::{call.op}: invalid {'destination' if call.op == 'send' else 'source'} "
+            err = OpError(f"ProcessGroupGloo::{call.op}: invalid {'destination' if call.op == 'send' else 'source'} "
                           f"rank {call.peer}: the group has {n} ranks (gloo waits forever on it)")
+            err.problem = {"kind": "peer_outside", "peer": call.peer, "n": n}
+            raise err
         if call.peer == me and call.op == "send":
             raise OpError("Invalid destination rank: destination rank should not be the same as the rank of the "
                           "current process.", "ValueError")

@@ -141,6 +141,7 @@ class Switch:
         try:
             checks.check(call, args, len(call.group))
         except ops.OpError as err:
+            call.problem = err.problem
             self._fail(call, str(err), err.kind)
             return
         # a MAX, MIN or product is no sum of the ranks' data: no value is ever proven from it, and honest code

@@ -42,6 +42,11 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
                     "rank": r, "type": kind, "op": op_name(failed), "calls": facts["calls"],
                     "differs": Words(*(render(f"mismatch.{facts['differs']}", {}, lang) for lang in ("zh", "en"))),
                     "frames": error_params(error)["frames"]})
+            if facts and facts.get("kind") in ("group_name", "peer_outside") and failed.error and failed.error[:80] in message:
+                # the switch's own words (gloo hangs or pairs garbage there): in the report's language
+                return Outcome.EXCEPTION, Note(f"fail.{facts['kind']}_raised", {
+                    "rank": r, "type": kind, "op": op_name(failed), **{k: v for k, v in facts.items() if k != "kind"},
+                    "frames": error_params(error)["frames"]})
             return Outcome.EXCEPTION, Note("fail.exception", {"rank": r, **error_params(error)})
         return None
     if record.out_of_memory:   # the rank's memory limit left the grader's code inside it no room

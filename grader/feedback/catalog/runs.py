@@ -16,6 +16,10 @@ MESSAGES: dict[str, tuple[str, str]] = {
                   "Rank {rank}: your code raised NotImplementedError: the TODOs are not done yet."),
     "fail.exception": ("进程 {rank} 抛出异常 {type}: {message}（{frames}）",
                        "Rank {rank} raised {type}: {message} ({frames})"),
+    "fail.group_name_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 用的进程组名为 {name}，这个名字既是进程 {ranks} 的组，也是进程 {other} 的组：每个进程都要按同样的顺序为每个组调用 new_group（组外的进程也要调用），除非用 use_local_synchronization=True（{frames}）",
+                               "Rank {rank} raised {type}: its {op} is on the process group named {name}, which was made for ranks {ranks} and for ranks {other}: every rank must call new_group for every group, in the same order (ranks outside the group too), unless use_local_synchronization=True ({frames})"),
+    "fail.peer_outside_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 的对方是组内第 {peer} 号进程，而这个组只有 {n} 个进程（gloo 会一直等下去）（{frames}）",
+                                 "Rank {rank} raised {type}: its {op} names rank {peer} of its group, which has {n} ranks (gloo waits forever on it) ({frames})"),
     "fail.mismatch_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 无法与其他进程的调用配对：{differs}。各进程的调用：{calls}（{frames}）",
                              "Rank {rank} raised {type}: its {op} could not be paired with the other ranks' calls: {differs}. The calls: {calls} ({frames})"),
     # what differed between the ranks' calls that the switch could not pair (switch/agree.py)
