@@ -174,6 +174,9 @@ def test_traffic_rules_on_synthetic_exchanges():
     # narrowing the wire type saves nothing when elements are counted, and is named
     narrow = volume_causes(ring(4, 1, [258] * 6, dtype="torch.int16"), params, 4, 1031, f32)
     assert keys(narrow) == ["cause.traffic_dtype"] and narrow[0].params == {"rank": 0, "sent": "torch.int16", "dtype": f32}
+    # a wider one is named as wider (no precision lost, twice the bytes), never "narrower"
+    wide = volume_causes(ring(4, 1, [258] * 6, dtype="torch.float64"), params, 4, 1031, f32)
+    assert keys(wide) == ["cause.traffic_dtype_wider"] and wide[0].params["sent"] == "torch.float64"
 
 
 def _ring_sends(sizes: list[int], d: int = 1) -> list[list[int]]:

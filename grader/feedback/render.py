@@ -42,7 +42,7 @@ HIDDEN_VARIANTS = {"cause.mismatch": "cause.mismatch_generic", "cause.other_op":
                                                                 "inconsistent", "replay_missing", "incomplete", "unmatched")},
                    **{f"cause.traffic_{k}": f"cause.traffic_{k}_generic"
                       for k in ("none", "gather", "peers", "not_neighbour", "direction", "same_side", "sends", "bytes", "whole",
-                               "chunk", "dtype")}}
+                               "chunk", "dtype", "dtype_wider")}}
 
 
 # Characters a terminal or a notebook acts on instead of showing: C0/C1 controls (ESC starts the ANSI sequences

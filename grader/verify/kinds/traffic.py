@@ -40,6 +40,7 @@ from ...comm import OPS
 from ...exercise.spec import Check
 from ...model import CheckResult, Note, Outcome
 from ...records import RunOutcome
+from ...wire import element_size
 from ..diagnose import global_peer
 
 
@@ -162,8 +163,10 @@ def volume_causes(traffic: list[RankTraffic], params: dict, n: int, size: int, d
                                                   "expected": sends}))
     narrow = next((t for t in traffic if dtype and any(d != dtype for d in t.dtypes)), None)
     if narrow is not None:
-        notes.append(Note("cause.traffic_dtype", {"rank": narrow.rank, "sent": next(d for d in narrow.dtypes if d != dtype),
-                                                  "dtype": dtype}))
+        sent = next(d for d in narrow.dtypes if d != dtype)
+        wider = element_size(sent) > element_size(dtype)   # (a float64 work copy: more bytes, no saving to undo)
+        notes.append(Note("cause.traffic_dtype_wider" if wider else "cause.traffic_dtype",
+                          {"rank": narrow.rank, "sent": sent, "dtype": dtype}))
     over = [t for t in traffic if most >= 0 and t.sent > most]
     big = [t for t in traffic if chunk >= 0 and t.sizes and max(t.sizes) > chunk]
     if over or big:
