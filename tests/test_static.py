@@ -276,9 +276,14 @@ def test_getattr_with_a_name_known_only_at_run_time_names_nothing(src):
     ("self.op = dist.all_reduce", {"all_reduce"}),                                            # stored on an object
     ("(op := dist.all_reduce)(t)", {"all_reduce"}),
     ("op = dist.all_reduce if r else dist.all_gather\n    op(t)", {"all_reduce", "all_gather"}),
+    ("return Reduce.apply(t) @ t", {"all_reduce"}),          # an autograd Function's result computed with
+    ("h = -Reduce.apply(t)\n    return h", {"all_reduce"}),
+    ("return t[Reduce.apply(t) > 0]", {"all_reduce"}),
 ])
 def test_a_reference_counts_when_its_value_is_used(body, ops):
     src = HEAD + ("def apply(op, t):\n    op(t)\ndef pick():\n    return dist.all_reduce\n"
+                  "class Reduce(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n        return x\n"
+                  "    @staticmethod\n    def backward(ctx, g):\n        dist.all_reduce(g)\n        return g\n"
                   "def run_worker(r, w):\n    " + body + "\n")
     assert reached(src) == ops
 

@@ -8,7 +8,8 @@ Two questions the static check asks of one scope (a function it walks, with ever
   - `used(node)`: whether the value of a reference is used: called, passed to a call (a callback,
     `functools.partial`, `map`, a helper's parameter), returned or yielded, a decorator, a base class or a
     default value, entered by `with`; or held in a list, tuple, dict, conditional expression ... whose value
-    is used so (a method of a container, `OPS.get("k")(...)`, passes on what it returns); or bound to a name (an
+    is used so (a method of a container, `OPS.get("k")(...)`, passes on what it returns), or computed with (`@`, `+`,
+    a comparison, an index: `Copy.apply(x) @ w`); or bound to a name (an
     assignment, a `for` target, `:=`) that is used so. Stored on an attribute or as a class attribute counts
     as used (what reads it back is not followed).
 A bare reference is not used: `f = dist.reduce_scatter_tensor` with `f` never used, or `dist.all_reduce` as
@@ -21,6 +22,7 @@ import ast
 HELD_IN = (ast.List, ast.Tuple, ast.Set, ast.Starred, ast.BoolOp)   # the value goes on to the parent's value
 RETURNED = (ast.Return, ast.Yield, ast.YieldFrom, ast.Await, ast.Lambda, ast.withitem, ast.keyword,
             ast.arguments, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)  # returned, entered, passed ...
+COMPUTED_WITH = (ast.BinOp, ast.UnaryOp, ast.Compare)   # `Fn.apply(x) @ w`: what a call returned, computed with
 MAX_STRINGS = 64   # constant strings one expression may hold (a product of concatenations stays small)
 
 
@@ -135,6 +137,9 @@ class Flow:
                 return False
             if isinstance(parent, ast.Call) or isinstance(parent, RETURNED):
                 return True                             # called, passed as an argument, returned ...
+            if isinstance(child, ast.Call) and (isinstance(parent, COMPUTED_WITH)
+                                                or isinstance(parent, ast.Subscript) and child is parent.slice):
+                return True                             # what a method of it returned, computed with or an index
             if isinstance(parent, ast.Attribute):       # `held.get(...)`, `held.values()`: what the call returns goes on
                 call = self.parent(parent)
                 if not (isinstance(call, ast.Call) and call.func is parent):
