@@ -62,11 +62,12 @@ def test_teaching_notes_per_rank_and_collective():
     assert len(by) == 8
     # all-reduce of 1024 float64 = 8192 bytes: a ring sends 2(N-1)/N x 8192 = 12288 bytes; a first call, so a
     # time labelled as one and no bandwidth
-    assert by[3, "all_reduce"] == Note("teach.collective_first", {"rank": 3, "op": "all_reduce", "ms": 2.0, "size": 8192,
-                                                                  "volume": 12288, "formula": "2(4-1)/4 x 8192"})
+    mine = by[3, "all_reduce"]
+    assert mine.key == "teach.collective_first" and {k: v for k, v in mine.params.items() if k != "ring"} == {
+        "rank": 3, "op": "all_reduce", "ms": 2.0, "size": 8192, "volume": 12288, "formula": "2(4-1)/4 x 8192"}
     # all-gather of 4 x 128 float32 = 2048 bytes in total: (N-1)/N x 2048 = 1536 bytes
-    assert by[0, "all_gather"].params == {"rank": 0, "op": "all_gather", "ms": 0.5, "size": 2048, "volume": 1536,
-                                          "formula": "(4-1)/4 x 2048"}
+    assert {k: v for k, v in by[0, "all_gather"].params.items() if k != "ring"} == {
+        "rank": 0, "op": "all_gather", "ms": 0.5, "size": 2048, "volume": 1536, "formula": "(4-1)/4 x 2048"}
     text = messages.render("teach.collective_first", by[0, "all_gather"].params, "en")
     assert text == ("  rank 0 all_gather: 0.50 ms (its first call, set-up included); 2048 bytes of data, a ring sends "
                     "about 1536 bytes per rank ((4-1)/4 x 2048)")
@@ -212,8 +213,8 @@ def test_formulas_are_written_one_way_per_language():
         assert "×" not in en and "−" not in en, key
         assert not re.search(r"[\dNS)] x [\dNS(]", zh) and "−" not in zh, key
     teach = {"rank": 0, "op": "all_reduce", "ms": 1.0, "size": 4096, "volume": 4096, "formula": "2(2-1)/2 x 4096"}
-    assert "（2(2-1)/2 × 4096）" in messages.render("teach.collective_first", teach, "zh")
-    assert "(2(2-1)/2 x 4096)" in messages.render("teach.collective_first", teach, "en")
+    assert "（2(2-1)/2 × 4096）" in messages.render("teach.ring", teach, "zh")
+    assert "(2(2-1)/2 x 4096)" in messages.render("teach.ring", teach, "en")
     bound = {"rank": 0, "sent": 8, "k": 2, "size": 4, "formula": "2(N-1)/N x S", "bound_k": 1, "bound": 4}
     assert "上限 2(N-1)/N × S = 1 × S" in messages.render("cause.traffic_bytes", bound, "zh")
     assert "bound 2(N-1)/N x S = 1 x S" in messages.render("cause.traffic_bytes", bound, "en")
@@ -238,3 +239,16 @@ def test_formulas_are_written_one_way_per_language():
 ])
 def test_english_counts_agree_with_their_nouns(key, params, text):
     assert messages.render(key, params, "en") == text
+
+
+def test_a_gather_or_scatter_line_says_no_ring_figure():
+    """gather and scatter have no ring algorithm (a root's, comm.OPS ring None): their lines give the data
+    alone, never 'a ring sends about 0 bytes per rank (-)'."""
+    from grader.verify.teach import _collective
+    for times in ([1.0], [1.0, 0.5, 0.5]):
+        note, _ = _collective(0, "gather", "gather", 1024, 4, times)
+        for lang in ("zh", "en"):
+            text = messages.render(note.key, note.params, lang)
+            assert "1024" in text and "0 bytes" not in text and "ring" not in text and "环形" not in text and "(-)" not in text
+        note, _ = _collective(0, "all_reduce", "all_reduce", 1024, 4, times)
+        assert "a ring sends about 1536 bytes per rank" in messages.render(note.key, note.params, "en")

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 
 from ..comm import OPS
-from ..model import Note
+from ..feedback.messages import render
+from ..model import Note, Words
 from ..records import RunOutcome
 from . import mistakes
 from .kinds.traffic import teaching
@@ -54,7 +55,9 @@ def teaching_notes(run: RunOutcome, exercise=None, real: RunOutcome | None = Non
     """`run`: a graded run (what the switch measured); `real`: the real-backend run, whose ranks timed their
     calls. `exercise`: when it declares traffic checks, the bound they declare follows the per-rank lines."""
     n = run.request.world_size
-    backend = real.request.backend if real is not None else None
+    # named only where its ranks timed something (a real run that failed at its first call timed nothing: the
+    # lines are then the switch's figures alone)
+    backend = real.request.backend if real is not None and any(r.timings for r in real.ranks) else None
     notes = [Note("teach.header" if backend else "teach.header_untimed", {"ws": n, "backend": backend or "-"})]
     withheld = False
     for rec in run.ranks:
@@ -94,6 +97,8 @@ def _collective(rank: int, api: str, op: str, size: int, n: int, times: list) ->
     And whether a time was shown without its bandwidth."""
     volume, formula = ring_volume(op, n, size)
     params = {"rank": rank, "op": api, "size": size, "volume": int(volume), "formula": formula}
+    ring = "teach.ring" if len(times) == 1 else "teach.ring_per_call"
+    params["ring"] = Words(*(render(ring, params, lang) if formula != "-" else "" for lang in ("zh", "en")))
     if any(ms is None for ms in times):
         if len(times) > 1:
             return Note("teach.collective_untimed_calls", {**params, "calls": len(times)}), False
