@@ -27,6 +27,7 @@ sent), never code the exercise runs on a record:
     SendsTo(peers)              some point-to-point send of the rank goes to one of peers(rank, ws)
     SentAs(knobs)               the rank's sends are, one by one, those of the reference step with these knobs
     Right(quantity)             the rank's value of another quantity is right
+    Wrong(quantity)             ... is not right (of the quantity itself: always, its check failed)
     Dtype("torch.float16", ...) the value's dtype is one of these
     Representable(dtype)        every number of the value is one of dtype's (float16 arithmetic, say)
 A mistake with no value, knobs or error is named wherever its conditions hold for a rank whose check failed
@@ -97,6 +98,11 @@ class Right:
 
 
 @dataclass(frozen=True)
+class Wrong:
+    quantity: str
+
+
+@dataclass(frozen=True)
 class Dtype:
     dtypes: tuple[str, ...]
 
@@ -109,7 +115,7 @@ class Representable:
     dtype: str
 
 
-CONDITIONS = (Ran, NotRan, Failed, Reduce, Sent, NotSent, NotOwn, SendsTo, SentAs, Right, Dtype, Representable)
+CONDITIONS = (Ran, NotRan, Failed, Reduce, Sent, NotSent, NotOwn, SendsTo, SentAs, Right, Wrong, Dtype, Representable)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import re
 import numpy as np
 
 from ..exercise import reference
-from ..exercise.mistakes import (Dtype, Failed, NotOwn, NotRan, NotSent, Ran, Reduce, Representable, Right, Sent, SendsTo,
+from ..exercise.mistakes import (Dtype, Failed, NotOwn, NotRan, NotSent, Ran, Reduce, Representable, Right, Sent, SendsTo, Wrong,
                                  SentAs)
 from ..exercise.spec import Linear
 from .linear import foreign_sends
@@ -94,6 +94,8 @@ def holds(condition, rank: int, ws: int, calls: list, value, right: dict, quanti
         return bool(foreign_sends([c for c in calls if c.op == condition.op], own, own[0].size if own else 0))
     if isinstance(condition, Right):
         return bool(right.get(condition.quantity))
+    if isinstance(condition, Wrong):
+        return not right.get(condition.quantity)
     if isinstance(condition, Dtype):
         return getattr(value, "dtype", "") in condition.dtypes
     if isinstance(condition, Representable):

@@ -64,19 +64,13 @@ def _multipliers(values):   # each element of the right answer is index x SCALE 
     return values[1:] / (np.arange(1, LENGTH) * SCALE)
 
 
-def _subset_sums(values, rank, ws):
-    """Every element a whole number of ranks' data, not the same everywhere, not the rank's own data: chunks
-    summed over the wrong ranks (a divided sum, the same everywhere, is no such thing)."""
+def _subset_sums(values, rank, ws):   # whole numbers of ranks' data, varying along it, not its own: wrong chunks
     m = _multipliers(values)
-    return bool(np.all(np.abs(m - np.round(m)) < 1e-3) and np.ptp(m) > 0.5
-                and not np.allclose(m, rank + 1, rtol=1e-5))
+    return bool(np.all(np.abs(m - np.round(m)) < 1e-3) and np.ptp(m) > 0.5 and not np.allclose(m, rank + 1, rtol=1e-5))
 
 
-def _mean(values, rank, ws):
-    """The sum divided by N everywhere, where that is not the rank's own data (at N = 3 rank 1's own data is
-    the mean: a ring on a copy leaves it)."""
-    mean = (ws + 1) / 2
-    return mean != rank + 1 and bool(np.allclose(_multipliers(values), mean, rtol=1e-5))
+def _mean(values, rank, ws):   # the sum / N, where that is not the rank's own data (rank 1's at N = 3)
+    return (ws + 1) / 2 != rank + 1 and bool(np.allclose(_multipliers(values), (ws + 1) / 2, rtol=1e-5))
 
 
 def _tail_any(rank, ws):   # right but for the last LENGTH % N elements

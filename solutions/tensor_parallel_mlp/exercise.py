@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from grader.exercise import Check, Exercise, Mistake, Quantity, Ran, Sent, SentAs, Teach, Todo
+from grader.exercise import Check, Exercise, Mistake, Quantity, Ran, Right, Sent, SentAs, Teach, Todo, Wrong
 from grader.exercise.reference import outcome, sent
 
 TOKENS, D, H = 4, 8, 12
@@ -57,7 +57,8 @@ def _summed(name):   # a shard's gradient all-reduced as in data parallelism: ev
 
 
 MISTAKES = (
-    _knobs("cause.no_output_all_reduce", reduce_y=0), _knobs("cause.no_output_all_reduce", reduce_y=0, reduce_dx=0),
+    *(Mistake(c, knobs=k, when=(w("y"),), tie=(SentAs(k),)) for c, w in (("cause.no_output_all_reduce", Wrong),   # y is
+      ("cause.dy_from_partial", Right)) for k in ({"reduce_y": 0}, {"reduce_y": 0, "reduce_dx": 0})),   # right: dY is not
     _knobs("cause.dx_not_all_reduced", "dx", reduce_y=0, reduce_dx=0), _knobs("cause.dx_not_all_reduced", "dx", reduce_dx=0),
     _knobs("cause.output_averaged", y_op="mean"), _knobs("cause.dx_averaged", "dx", dx_op="mean"),
     _knobs("cause.output_summed_twice", reduce_y=2), _knobs("cause.dx_summed_twice", "dx", reduce_dx=2),
@@ -79,6 +80,8 @@ TEACH = (
 MESSAGES = {
     "cause.no_output_all_reduce": ("原因：y 只是本进程的部分和 Z_r = GeLU(X A_r) B_r：B 按行切分时，每个进程只算出 Y 的一部分，要用 all_reduce（SUM）把各进程的 Z_r 加起来才是 Y（Megatron 的 g）。",
                                    "Cause: y is only this rank's partial sum Z_r = GeLU(X A_r) B_r: with B split by rows each rank computes a part of Y, and an all_reduce (SUM) of the ranks' Z_r makes Y (Megatron's g)."),
+    "cause.dy_from_partial": ("原因：y 是对的，但 dY 是用本进程的部分和 Z_r 算的，不是用 all_reduce 之后的 Y：dY = Y - T 要用求和之后的 Y。",
+                              "Cause: y is right, but dY was computed from this rank's partial sum Z_r, not from the all-reduced Y: dY = Y - T takes the summed Y."),
     "cause.dx_not_all_reduced": ("原因：dx 只是本进程的部分和 dX_r = dH_r A_r^T：X 在每个进程上都参与了计算，它的梯度是各进程部分和之和，要在反向传播中用 all_reduce（SUM）加起来（Megatron 的 f）。",
                                  "Cause: dx is only this rank's partial sum dX_r = dH_r A_r^T: X went into every rank's shard, so its gradient is the sum of the ranks' partials, all-reduced (SUM) in the backward pass (Megatron's f)."),
     "cause.output_averaged": ("原因：y 是各进程 Z_r 的平均，不是它们的和：张量并行的部分输出要求和（ReduceOp.SUM，不要再除以 world_size）；求平均是数据并行里梯度的做法。",
@@ -138,13 +141,10 @@ EXERCISE = Exercise(
                 _quantity("dx", lambda ws: [TOKENS, D], "输入梯度 dx", "the input gradient dx"),
                 _quantity("dA", lambda ws: [D, H // ws], "A 分片的梯度 dA", "dA, the gradient of A's shard"),
                 _quantity("dB", lambda ws: [H // ws, D], "B 分片的梯度 dB", "dB, the gradient of B's shard")),
-    step=step,
     checks=(Check("static.all_reduce", "static", 10, ("静态检查：run_worker 用到了 all_reduce（DTensor 也算）",
                   "Static: run_worker reaches all_reduce (DTensor counts)"), op="all_reduce"),
             *(c for ws in VISIBLE for c in _runtime(ws, hidden=False)), *(c for ws in HIDDEN for c in _runtime(ws, hidden=True))),
-    messages=MESSAGES,
-    mistakes=MISTAKES,
-    teach=TEACH,
+    step=step, messages=MESSAGES, mistakes=MISTAKES, teach=TEACH,
     todo=(Todo(("TODO 1（前向：部分输出 all_reduce）", "TODO 1 (forward: all-reduce the partial outputs)"), op="all_reduce"),
           Todo(("TODO 2（反向：dA、dB，输入梯度 all_reduce）", "TODO 2 (backward: dA, dB, all-reduce the input gradient)"))),
 )
