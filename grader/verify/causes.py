@@ -60,7 +60,10 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.own_data_divided", {**label, "op": op_name(calls[0])}))
         elif all_close(data, expected * ws, value.dtype) and _scaled_from(data, delivered, (1.0,), value.dtype) \
                 and not raised:
-            notes.append(Note("cause.summed_not_averaged", {**label, "ws": ws}))
+            # an async sum lands at wait(), over a division the code made while it was in flight
+            started = next((c for c in calls if c.async_op), None)
+            notes.append(Note("cause.summed_not_averaged_async", {**label, "op": op_name(started)}) if started is not None
+                         else Note("cause.summed_not_averaged", {**label, "ws": ws}))
         elif all_close(data, expected / ws, value.dtype) and made_of_delivered and not raised:
             avg = any(c.reduce == "AVG" for c in calls)
             notes.append(Note("cause.averaged_twice" if avg else "cause.divided_twice", {**label}))

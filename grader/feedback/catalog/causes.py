@@ -9,6 +9,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                             "Cause: the sum in {op} comes so close to its dtype's largest value (float16's is 65504) that the grader's changed data can take it past the limit (inf). Scale the data down (a loss scale, say), or communicate in a wider dtype."),
     "cause.summed_not_averaged": ("原因：{quantity} 是平均值的 world_size 倍——求和（SUM）之后还要除以 world_size。",
                                   "Cause: {quantity} is world_size times the mean: after the sum (SUM), divide by world_size."),
+    "cause.summed_not_averaged_async": ("原因：{quantity} 是求和，不是平均值：{op} 是异步发起的（async_op=True），结果在 wait() 时才写入张量，会覆盖在那之前做的除法；请在 work.wait() 之后再除以 world_size。",
+                                        "Cause: {quantity} is the sum, not the mean: {op} was started asynchronously (async_op=True) and its result is written into the tensor at wait(), over any division made before it; divide by world_size after work.wait()."),
     "cause.averaged_twice": ("原因：ReduceOp.AVG 已经除以了 world_size，之后又除了一次，{quantity} 只有平均值的 1/world_size。",
                              "Cause: ReduceOp.AVG already divides by world_size; dividing again leaves {quantity} at 1/world_size of the mean."),
     "cause.divided_twice": ("原因：{quantity} 被除了两次 world_size（例如通信前后各除一次）。",
