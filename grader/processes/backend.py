@@ -328,6 +328,9 @@ class GraderProcessGroup(dist.ProcessGroup):
         self._group_name = ""
         self._global_ranks: list[int] | None = None
 
+    def __repr__(self) -> str:   # as torch's group shows itself (its errors print the group: "... not part of group <...>")
+        return f"<torch.distributed.distributed_c10d.ProcessGroup object at {id(self):#x}>"
+
     # -- identity, as torch's own Python process groups provide it
     def getBackendName(self) -> str:
         return NAME
