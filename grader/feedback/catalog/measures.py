@@ -116,8 +116,10 @@ MESSAGES: dict[str, tuple[str, str]] = {
                            "    rank {rank}'s {op} (line {line}) on the group {ranks}: with rank {peer}"),
     "detail.groups_link_p2p": ("    进程 {rank} 的 {op}（第 {line} 行）：发给进程 {peer}",
                                "    rank {rank}'s {op} (line {line}): to rank {peer}"),
-    "pass.groups": ("通过：{inside} 只在节点内进行（每个节点 {node} 个进程，共 {nodes} 个节点），跨节点的通信每个节点只有一个进程参加（进程 {leaders}），共 {crossed} 字节跨越了节点边界。",
-                    "Passed: {inside} stay inside a node ({nodes} nodes of {node} ranks), and across nodes one rank per node takes part (ranks {leaders}): {crossed} bytes crossed the node boundary."),
+    "pass.groups": ("通过：{inside} 只在节点内进行（每个节点 {node} 个进程，共 {nodes} 个节点），跨节点的每次通信每个节点只有一个进程参加（跨节点通信过的进程：{leaders}），共 {crossed} 字节跨越了节点边界。",
+                    "Passed: {inside} stay inside a node ({nodes} nodes of {node} ranks), and every operation across nodes takes one rank per node (the ranks that communicated across nodes: {leaders}): {crossed} bytes crossed the node boundary."),
+    "pass.groups_across": ("通过：跨节点的每次通信每个节点只有一个进程参加（每个节点 {node} 个进程，共 {nodes} 个节点；跨节点通信过的进程：{leaders}），共 {crossed} 字节跨越了节点边界。",
+                           "Passed: every operation across nodes takes one rank per node ({nodes} nodes of {node} ranks; the ranks that communicated across nodes: {leaders}): {crossed} bytes crossed the node boundary."),
     "detail.groups": ("  进程 {rank}（节点 {node}）：跨节点发送 {crossed} 字节", "  rank {rank} (node {node}): {crossed} bytes sent across nodes"),
     # --- why provenance failed (the tracer's findings)
     "why.not_delivered": ("  进程 {rank} 的 {quantity} 第 {element} 个元素（{value:g}）不是任何通信传来的数据算出来的。",

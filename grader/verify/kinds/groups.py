@@ -25,10 +25,12 @@ def _groups(judge, check: Check, run, carried) -> CheckResult:
     notes, crossed = [], [0] * n
     first_send: dict[int, object] = {}   # rank -> its first send to another node
     first_recv: dict[int, object] = {}   # rank -> its first receive from another node
+    used: set = set()
     for rec in run.ranks:
         for call in carried.calls(run, rec):
             if OPS.get(call.op) is None:
                 continue
+            used.add(call.op)
             nodes = sorted({r // node for r in call.group})
             if call.op in ("send", "recv"):
                 peer = call.group[call.peer] if call.peer is not None and call.peer < len(call.group) else None
@@ -76,8 +78,9 @@ def _groups(judge, check: Check, run, carried) -> CheckResult:
     if notes:
         return CheckResult(check, Outcome.WRONG, notes=notes, details=details)
     leaders = [r for r in range(n) if crossed[r]]
-    return CheckResult(check, Outcome.PASS, check.points, [Note("pass.groups", {
-        "node": node, "nodes": n // node, "inside": sorted(inside) or ["-"], "crossed": sum(crossed),
+    kept = sorted(inside & used)   # the operations it keeps inside a node that the code used (none: point to point)
+    return CheckResult(check, Outcome.PASS, check.points, [Note("pass.groups" if kept else "pass.groups_across", {
+        "node": node, "nodes": n // node, "inside": kept, "crossed": sum(crossed),
         "leaders": [str(r) for r in leaders] or ["-"], "size": size})], details=details)
 
 
