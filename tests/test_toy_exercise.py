@@ -216,7 +216,8 @@ def test_counts_volume_and_groups_checks_graded_end_to_end(tmp_path):
     # the dtype it carried (float16), not every one the check allows (float16, bfloat16)
     assert "Passed: all_reduce carried torch.float16, at most 32 bytes per rank, within the bound of 32 bytes." \
         in text("hier", "ws4.half")
-    assert "across nodes one rank per node takes part (ranks 0, 2): 64 bytes crossed the node boundary" in text("hier", "ws4.nodes")
+    assert ("every operation across nodes takes one rank per node (the ranks that communicated across nodes: 0, 2): 64 "
+            "bytes crossed the node boundary") in text("hier", "ws4.nodes")
     # float32 across the leaders: right, hierarchical, not compressed (the value compared with float16's tolerance)
     assert failing("hier32") == {"ws4.half": "wrong", "ws6.half": "wrong"}
     assert causes("hier32", "ws4.half") == {"cause.volume_dtype", "cause.volume_bytes"}
