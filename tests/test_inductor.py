@@ -137,7 +137,7 @@ def test_code_that_names_torch_compile_and_hangs_gets_the_plain_limits_after_its
     once one runs out of time, compiling is not what the code waits on: the later runs get the plain limits
     (and the clean runs are made at once), so naming torch.compile does not make a hang cost 12 times more."""
     from conftest import run_cli
-    limit = 3
+    limit = 2
     out = tmp_path / "r.json"
     proc = run_cli("grade", str(ROOT / "tests" / "fixtures" / "compile" / "a01_names_compile_then_sleeps.py"),
                    "--exercise", "dist_primitives", "--time-limit", str(limit), "--results", str(out), "--lang", "en",

@@ -41,7 +41,8 @@ MISTAKES = (
     Mistake("cause.global_rank_in_group", error=r"not part of|not in (the )?group"),
     Mistake("cause.counted_per_node", value=lambda r, ws: NODE_SIZE * total(ws)),
     Mistake("cause.averaged", value=lambda r, ws: total(ws) / ws),
-    Mistake("cause.divided_by_node_size", value=lambda r, ws: total(ws) / NODE_SIZE),
+    # (where the nodes are as many as a node's ranks, a division by the number of nodes leaves the same numbers)
+    Mistake("cause.divided_by_node_size", value=lambda r, ws: total(ws) / NODE_SIZE, ws=lambda ws: ws // NODE_SIZE != NODE_SIZE),
     Mistake("cause.node_sum_only", value=lambda r, ws: np.sum([local_tensor(q) for q in node_of(r)], axis=0)),
     Mistake("cause.no_broadcast", value=local_tensor, when=(NotRan("broadcast"),)),
     # the node's second rank broadcast (its own data: the reduce left its buffer as it was), seen on that rank: a
@@ -68,8 +69,8 @@ MESSAGES = {
                            "Cause: this rank still holds its own data: after the all_reduce across nodes only the leaders hold the sum, which a broadcast inside the node from the leader passes on."),
     "cause.broadcast_wrong_root": ("原因：节点内 broadcast 的 src 不是持有总和的 leader：整个节点拿到的是另一个进程的数据。src 要写 leader 的全局 rank（或者用 group_src=0）。",
                                    "Cause: the broadcast inside the node came from a rank other than the leader that holds the sum: the whole node got another rank's data. Give src the leader's global rank (or group_src=0)."),
-    "cause.global_rank_in_group": ("原因：在节点的进程组上调用 reduce / broadcast 时，dst / src 是全局 rank：写 0 只对第一个节点有效，其他节点的组里没有 0 号进程。写 leader 的全局 rank（rank - rank % NODE_SIZE），或者用 group_dst / group_src（组内 rank）。",
-                                   "Cause: with a node's group, reduce's dst and broadcast's src are global ranks: 0 works for the first node only, since the other nodes' groups have no rank 0. Give the leader's global rank (rank - rank % NODE_SIZE), or use group_dst / group_src (the rank inside the group)."),
+    "cause.global_rank_in_group": ("原因：在节点的进程组上调用 reduce / broadcast 时，dst / src 是全局 rank：组内的序号（例如 rank % NODE_SIZE）只在第一个节点里碰巧等于全局 rank，其他节点的组里没有这个进程。写 leader 的全局 rank（rank - rank % NODE_SIZE），或者用 group_dst / group_src（组内 rank）。",
+                                   "Cause: with a node's group, reduce's dst and broadcast's src are global ranks: a rank inside the group (rank % NODE_SIZE, say) equals the global rank in the first node only, and the other nodes' groups do not hold that rank. Give the leader's global rank (rank - rank % NODE_SIZE), or use group_dst / group_src (the rank inside the group)."),
     "teach.header": ("分层通信的账（{ws} 个进程，{nodes} 个节点，每个节点 {node} 个进程）：跨节点的带宽最贵，分层后每个节点只派一个 leader 跨节点通信。",
                      "Hierarchical communication's account ({ws} ranks, {nodes} nodes of {node}): bandwidth across nodes is the dearest, and with a hierarchy each node sends one leader across."),
     "teach.crossed": ("  跨节点发送的数据：{crossed} 字节；一次扁平的 all_reduce 让每个进程都跨节点发送，共 {flat} 字节（每个进程 {size} 字节）。",
