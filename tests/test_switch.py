@@ -467,3 +467,13 @@ def test_a_float16_sum_near_the_limit_is_never_proven_whatever_the_draw():
     assert perturb.may_overflow(np.array([52403.0 * 1.01]), 2, "torch.float16")
     assert not perturb.may_overflow(np.array([52000.0]), 2, "torch.float16")
     assert not perturb.may_overflow(np.array([3e38]), 2, "torch.float64")
+
+
+def test_a_reported_tensor_too_large_to_carry_stays_a_tensor_of_its_shape():
+    """A rank's answer of 2^40 elements (a stride-0 expand): no values, but a tensor of that shape (its check says
+    the shape is wrong), not 'not a torch.Tensor'; a description that is no tensor at all is 'other'."""
+    big = wire.value({"kind": "tensor", "plain": True, "type": "Tensor", "dtype": "torch.float32",
+                      "shape": [1 << 40], "omitted": "size"}, [])
+    assert big["kind"] == "tensor" and big["shape"] == [1 << 40] and big["array"] is None and big["omitted"] == "size"
+    junk = wire.value({"kind": "tensor", "dtype": "torch.float32", "shape": "many"}, [])
+    assert junk["kind"] == "other"

@@ -77,7 +77,7 @@ def describe(obj, budget: Budget, blobs: list) -> dict:
             t = _TB.detach(obj)
             out = {"kind": "tensor", "plain": plain, "type": kind.__name__, "dtype": str(t.dtype),
                    "shape": list(t.shape)}
-            if t.is_sparse or t.is_meta or t.layout != torch.strided or str(t.dtype) not in wire.DTYPES:
+            if t.is_meta or t.layout not in (torch.strided, torch.sparse_coo) or str(t.dtype) not in wire.DTYPES:
                 return {**out, "omitted": "layout"}
             if t.numel() > MAX_ELEMENTS:
                 return {**out, "omitted": "size"}
