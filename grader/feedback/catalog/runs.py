@@ -109,6 +109,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
                            "Rank {rank}: {op} was started asynchronously (async_op=True, or isend / irecv) and never waited on, so reading {quantity} is a race (right by luck does not count). Call work.wait() before using the result."),
     "fail.forbidden_op": ("进程 {rank} 调用了本练习不允许的 {op}（第 {line} 行）。", "Rank {rank} called {op} (line {line}), which this exercise does not allow."),
     "fail.op_not_used": ("没有用到 {op}（没有一次完成）。", "{op} was never used (none completed)."),
+    "cause.op_not_completed": ("原因：调用了 {op}，但没有一次成功完成。", "Cause: {op} was called, but none completed successfully."),
     "cause.op_not_used": ("原因：没有用到 {op}（没有一次完成）。", "Cause: {op} was never used (none completed)."),
     "cause.result_unused": ("原因：{quantity} 没有用到 {ops} 传来的数据：评分器秘密地改变了通信中的数据，{quantity} 却完全没有变化。"
                             "这些通信运行了，但它们的结果没有被用来计算 {quantity}。",

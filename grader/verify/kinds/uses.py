@@ -59,7 +59,9 @@ def evaluate(judge, check: Check, runs: WorldSizeRuns) -> CheckResult:
             notes.append(failure[1])
             if outcome is not Outcome.FORBIDDEN:
                 outcome = failure[0]
-        notes += [Note("cause.op_not_used", {"op": op}) for op in unused]
+        called = {c.op for rec in run.ranks for c in rec.calls}   # called, but none completed (a deadlock, say)
+        notes += [Note("cause.op_not_completed" if called & set(op.split("/")) else "cause.op_not_used", {"op": op})
+                  for op in unused]
     elif outcome is not Outcome.FORBIDDEN:
         notes += _not_through(judge, runs, wanted)
         if notes:
