@@ -252,3 +252,10 @@ def test_a_gather_or_scatter_line_says_no_ring_figure():
             assert "1024" in text and "0 bytes" not in text and "ring" not in text and "环形" not in text and "(-)" not in text
         note, _ = _collective(0, "all_reduce", "all_reduce", 1024, 4, times)
         assert "a ring sends about 1536 bytes per rank" in messages.render(note.key, note.params, "en")
+
+
+def test_an_empty_list_of_ranks_reads_as_a_word():
+    """teach.p2p of a rank that received nothing: 'from rank none' / '来自进程 无', never a dash."""
+    params = {"rank": 1, "sends": 1, "sent": 8, "to": ["0"], "recvs": 0, "received": 0, "frm": ["-"]}
+    assert "(from rank none)" in messages.render("teach.p2p", params, "en")
+    assert "-" not in messages.render("teach.p2p", params, "zh").split("；")[-1]

@@ -55,6 +55,8 @@ def _word(value, lang: str):
             render("calls.rank", {"rank": v.get("rank"), "ops": comma.join(v.get("ops") or ["-"])}, lang) for v in value)
     if isinstance(value, (list, tuple)) and not value:
         return render("frames.none", {}, lang)
+    if isinstance(value, (list, tuple)) and list(value) == ["-"]:   # a list of ranks or names with nothing in it
+        return render("list.none", {}, lang)
     if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value):
         return render("list.comma", {}, lang).join(map(str, value))
     return value

@@ -10,6 +10,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "calls.rank": ("进程 {rank}：{ops}", "rank {rank}: {ops}"),
     "list.sep": ("；", "; "),
     "list.comma": ("、", ", "),
+    "list.none": ("无", "none"),
     "list.colon": ("：", ": "),
     # --- report
     "summary.exercise": ("练习：{title}", "Exercise: {title}"),
