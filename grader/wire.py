@@ -267,9 +267,10 @@ def value(desc, blobs: list) -> dict:
         dtype, shape, _ = meta(desc)
     except WireError:
         shape = desc.get("shape")
-        if isinstance(shape, list) and len(shape) <= MAX_DIMS and all(type(s) is int and 0 <= s < 1 << 62 for s in shape):
+        if desc.get("dtype") in DTYPES and desc.get("blob") is None and isinstance(shape, list) and \
+                len(shape) <= MAX_DIMS and all(type(s) is int and 0 <= s < 1 << 62 for s in shape):
             # a tensor too large to carry (a stride-0 view of 2^40 elements): still a tensor, of its shape
-            return {**out, "dtype": str(desc.get("dtype"))[:40], "shape": shape, "array": None, "omitted": "size"}
+            return {**out, "dtype": desc["dtype"], "shape": shape, "array": None, "omitted": "size"}
         return {**out, "kind": "other", "omitted": "layout"}
     out.update(dtype=dtype, shape=list(shape), array=None)
     if desc.get("blob") is not None:

@@ -54,11 +54,15 @@ def _like(name: str, tensors: list, like: T, start: int = 0) -> None:
     """assertTypeAndSizesMatch: each tensor has `like`'s dtype and shape (index counted from `start`)."""
     for j, t in enumerate(tensors):
         if t.dtype != like.dtype:
-            raise OpError(f"ProcessGroupGloo::{name}: invalid tensor type at index {j + start} (expected "
+            err = OpError(f"ProcessGroupGloo::{name}: invalid tensor type at index {j + start} (expected "
                           f"{options_text(like.dtype)}, got {options_text(t.dtype)})")
+            err.problem = {"kind": "unlike", "index": j + start, "expected": like.dtype, "got": t.dtype}
+            raise err
         if t.shape != like.shape:
-            raise OpError(f"ProcessGroupGloo::{name}: invalid tensor size at index {j + start} (expected "
+            err = OpError(f"ProcessGroupGloo::{name}: invalid tensor size at index {j + start} (expected "
                           f"{shape_text(like.shape)}, got {shape_text(t.shape)})")
+            err.problem = {"kind": "unlike", "index": j + start, "expected": str(list(like.shape)), "got": str(list(t.shape))}
+            raise err
 
 
 def torch_chunks(shape: tuple, n: int) -> list[tuple]:

@@ -42,7 +42,7 @@ def rank_failure(run: RunOutcome, record: RankRecord) -> tuple[Outcome, Note] | 
                     "rank": r, "type": kind, "op": op_name(failed), "calls": facts["calls"],
                     "differs": Words(*(render(f"mismatch.{facts['differs']}", {}, lang) for lang in ("zh", "en"))),
                     "frames": error_params(error)["frames"]})
-            if facts and facts.get("kind") in ("group_name", "peer_outside") and failed.error and failed.error[:80] in message:
+            if facts and facts.get("kind") in ("group_name", "peer_outside", "unlike") and failed.error and failed.error[:80] in message:
                 # the switch's own words (gloo hangs or pairs garbage there): in the report's language
                 return Outcome.EXCEPTION, Note(f"fail.{facts['kind']}_raised", {
                     "rank": r, "type": kind, "op": op_name(failed), **{k: v for k, v in facts.items() if k != "kind"},

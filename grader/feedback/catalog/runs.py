@@ -20,6 +20,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                                "Rank {rank} raised {type}: its {op} is on the process group named {name}, which was made for ranks {ranks} and for ranks {other}: every rank must call new_group for every group, in the same order (ranks outside the group too), unless use_local_synchronization=True ({frames})"),
     "fail.peer_outside_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 的对方是组内第 {peer} 号进程，而这个组只有 {n} 个进程（gloo 会一直等下去）（{frames}）",
                                  "Rank {rank} raised {type}: its {op} names rank {peer} of its group, which has {n} ranks (gloo waits forever on it) ({frames})"),
+    "fail.unlike_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 的第 {index} 个张量是 {got}，而这次调用要求每个张量都和 {expected} 一样（gloo 的规则：这些张量的形状和 dtype 都要相同）（{frames}）",
+                           "Rank {rank} raised {type}: tensor {index} of its {op} is {got}, where the call needs each to be {expected} (gloo's rule: these tensors share one shape and dtype) ({frames})"),
     "fail.mismatch_raised": ("进程 {rank} 抛出异常 {type}：它的 {op} 无法与其他进程的调用配对：{differs}。各进程的调用：{calls}（{frames}）",
                              "Rank {rank} raised {type}: its {op} could not be paired with the other ranks' calls: {differs}. The calls: {calls} ({frames})"),
     # what differed between the ranks' calls that the switch could not pair (switch/agree.py)
