@@ -83,7 +83,8 @@ def test_odd_tensors_are_wrong_answers_not_grader_failures(tmp_path):
     proc = run_cli("grade", str(FIXTURES / "bad" / "odd_tensors.py"), "--results", str(results), "--lang", "en")
     data = json.loads(results.read_text())
     runtime = {k: v for k, v in outcomes(data).items() if not k.startswith("static")}
-    assert set(runtime.values()) == {"wrong"}, proc.stdout
+    assert {v for k, v in runtime.items() if k.endswith("all_gather")} == {"wrong"}, proc.stdout
+    assert {v for k, v in runtime.items() if k.endswith("all_reduce")} == {"pass"}, proc.stdout   # sparse, right values
     assert "full_feature does not have a floating dtype" in proc.stdout
     assert data["extra_data"]["grader_error"] is None
 
