@@ -98,6 +98,10 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.swapped", {**label, "other": name}))
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
+    elif same_size and not raised and not sends and np.all(data == 0) and np.any(expected != 0) and any(
+            d.size and np.any(d != 0) for d in delivered) and not any(c.async_op and not c.waited for c in calls):
+        # zeros where the operation delivered numbers: they went to another tensor than the one returned
+        notes.append(Note("cause.delivered_elsewhere", {**label, "op": op_name(calls[0])}))
     little = carried_too_little(quantity, ws, calls) if used_through and not raised and not sends else None
     if little is not None:
         notes.append(little)

@@ -104,6 +104,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
                              "Cause: the output buffers share memory (e.g. [buf] * world_size), so every slot ends with the last rank's data. Make one tensor per rank."),
     "cause.swapped": ("原因：{quantity} 里放的是 {other} 的数值——返回值的顺序弄反了？",
                       "Cause: {quantity} holds the values of {other}: is the order of the returned values swapped?"),
+    "cause.delivered_elsewhere": ("原因：{quantity} 全是零，而 {op} 给这个进程送来了非零的数据：{quantity} 里不是这些数据（例如收在了 .clone() 出来的副本或新建的张量里没有写回，或者之后又被清零了）。",
+                                  "Cause: {quantity} is all zeros, though {op} delivered other numbers to this rank: they are not what {quantity} holds (received into a .clone() or a new tensor and not written back, or wiped after, say)."),
     "cause.read_before_wait": ("原因：{op} 用 async_op=True 发起后，在 wait() 之前就读取了结果（例如先 torch.cat 再 wait），读到的还是缓冲区原来的数据。",
                                "Cause: the result of {op} (async_op=True) was read before wait() (torch.cat before wait, say), so it still held the buffers' old contents."),
     "cause.all_blocked_in_send": ("原因：每个进程都卡在 send 里。gloo 不缓存发送：send 要等对方调用 recv 才会完成，如果所有进程都先 send 再 recv，就会互相等待。请先发起接收（irecv），或按进程编号的奇偶交替收发顺序。",
