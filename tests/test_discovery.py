@@ -259,3 +259,16 @@ def test_cell_magic_notebook_grades_full_marks(tmp_path):
     results = tmp_path / "r.json"
     proc = run_cli("grade", str(FIXTURES / "notebooks" / "cell_magics.ipynb"), "--results", str(results), "--lang", "en")
     assert json.loads(results.read_text())["score"] == 100, proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_folder_with_a_helper_module_grades_the_file_that_defines_the_entry(tmp_path):
+    """carol/ holds a_helpers.py (first by name) and dist_primitives.py (defines run_worker, imports the
+    helper): the solution is the file that defines the entry, and the helper travels with it as a module."""
+    folder = Path(__file__).parent / "fixtures" / "folders" / "carol"
+    assert load.find_entry(folder) == folder / "dist_primitives.py"
+    submission = load.load(folder)
+    assert submission.problem is None and set(submission.files) == {"a_helpers.py"}
+    from conftest import run_cli
+    proc = run_cli("grade", str(folder), "--exercise", "dist_primitives", "--lang", "en")
+    assert "dist_primitives.py: Score: 100 / 100" in proc.stdout, proc.stdout + proc.stderr

@@ -73,13 +73,45 @@ def _walk(folder: Path, truncated: list | None = None):
                 continue
 
 
-def find_entry(folder: Path, truncated: list | None = None) -> Path | None:
-    """The one submission file inside a student's folder (nbgrader's submitted/<student>/<assignment>/):
-    a notebook if there is one, else a .py; the first by path. Hidden files and folders, symbolic links
-    and anything deeper than MAX_DEPTH are not considered."""
-    candidates = [(p.suffix != ".ipynb", p.relative_to(folder).parts, p) for p, _ in _walk(folder, truncated)
-                  if p.suffix in SUFFIXES and not p.name.startswith(".")]
-    return min(candidates)[2] if candidates else None
+def find_entry(folder: Path, truncated: list | None = None, entry: str = "run_worker") -> Path | None:
+    """The one submission file inside a student's folder (nbgrader's submitted/<student>/<assignment>/): of
+    the files that define the entry function (`def run_worker(`), else of all, a notebook if there is one,
+    else a .py; the first by path (a helper module beside the solution is not it). Hidden files and folders,
+    symbolic links and anything deeper than MAX_DEPTH are not considered."""
+    candidates = [(not _defines(p, entry), p.suffix != ".ipynb", p.relative_to(folder).parts, p)
+                  for p, _ in _walk(folder, truncated) if p.suffix in SUFFIXES and not p.name.startswith(".")]
+    return min(candidates)[3] if candidates else None
+
+
+def _defines(path: Path, entry: str) -> bool:
+    """Whether the file's text has `def <entry>(` (a notebook's too: its JSON holds the code as text)."""
+    raw, problem = read_limited(path)
+    return problem is None and f"def {entry}(".encode() in raw
+
+
+MAX_MODULES = 16   # .py files beside a folder's solution carried as its modules
+
+
+def _modules(entry: Path) -> dict[str, str]:
+    """The other .py files beside a folder's solution (its own helper modules, `import helpers`): written in
+    every rank's working folder, as a notebook's %%writefile files are."""
+    out: dict[str, str] = {}
+    try:
+        siblings = sorted(p for p in entry.parent.iterdir() if p.suffix == ".py" and p != entry
+                          and not p.name.startswith(".") and p.name.isascii() and p.stem.isidentifier())
+    except OSError:
+        return out
+    for path in siblings[:MAX_MODULES]:
+        if path.is_symlink():
+            continue
+        raw, problem = read_limited(path)
+        try:
+            out[path.name] = raw.decode("utf-8-sig") if problem is None else None
+        except UnicodeDecodeError:
+            out[path.name] = None
+        if out[path.name] is None:
+            del out[path.name]
+    return out
 
 
 def display_name(name: str) -> str:
@@ -144,6 +176,7 @@ def load(path: Path) -> Submission:
     raw, problem = read_limited(path)
     if problem is not None:
         return Submission(path, name, None, problem)
+    modules = _modules(path) if is_dir and path.suffix == ".py" else {}
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -152,7 +185,7 @@ def load(path: Path) -> Submission:
         return _notebook(path, name, text, raw)
     if not text.strip():
         return Submission(path, name, None, Problem("load.empty", {"file": name}), raw)
-    return Submission(path, name, text, None, raw)
+    return Submission(path, name, text, None, raw, files=modules)
 
 
 def _notebook(path: Path, name: str, text: str, raw: bytes) -> Submission:
