@@ -80,8 +80,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     # the tracer's account (why.*), value-free, for hidden checks (render.HIDDEN_VARIANTS)
     "cause.contribution_derived_generic": ("原因：有进程在通信中发送的数据，不是它用通信传来的数据算出来的。",
                                            "Cause: a rank sent data that is not what it computes from the data the communication delivered to it."),
-    "cause.weights_generic": ("原因：结果中有的进程的数据所占的份量不对（有进程的数据缺失，或被算了不止一次）。",
-                              "Cause: some rank's data does not count in the result as often as it should (a rank's data missing, or counted twice)."),
+    "cause.weights_generic": ("原因：结果中有的进程的数据所占的份量不对（缺失、算了不止一次，或者乘除了不该乘除的数）。",
+                              "Cause: some rank's data does not count in the result as often as it should (missing, counted twice, or scaled by a number it should not be)."),
     "cause.not_delivered_generic": ("原因：{quantity} 中有的元素不是 {ops} 传来的任何数据，也不是由它们得到的：它们是以别的方式算出来的。",
                                     "Cause: some elements of {quantity} are none of the values {ops} delivered, nor made of them: they were computed another way."),
     "cause.nonlinear_generic": ("原因：{op} 用的是 ReduceOp.{reduce}，它不是把各进程的数据相加。",
