@@ -9,7 +9,7 @@ A rank whose check failed is compared with every mistake of its quantity, within
 (verify/mistakes.py); each mistake whose value matches and whose conditions hold is named, in the
 exercise's own words (`Exercise.messages[cause]`). Where several match the same value (at N = K, "not
 divided by K" and "not divided by N" leave the same numbers), those whose `tie` conditions hold are kept
-(where none holds, those with no tie conditions; all of them, where every one has some). A mistake with `error` names the exception a rank raised instead of a value.
+(where none holds, those with no tie conditions; where every one has some, none: no cause is certain). A mistake with `error` names the exception a rank raised instead of a value.
 
 Conditions are facts the engine reads off the rank's own run (what ran, with which reduce op, what it
 sent), never code the exercise runs on a record:

@@ -166,15 +166,15 @@ def named(exercise, quantity, value, ws: int, rank: int, calls: list, error: dic
                 if _matches(data.reshape(-1), variant, mistake.tolerance or tolerance):
                     by_value.append((mistake, variant))
                     break
-    # mistakes that leave the same numbers: those whose tie conditions hold; where none does, those without any
-    # (all of them, where every one has some)
+    # mistakes that leave the same numbers: those whose tie conditions hold; where none does, those without any;
+    # where every one has some and none holds, none of them (no cause is certain), unless they are one cause
     kept = []
     for mistake, variant in by_value:
         twins = [m for m, v in by_value if v.size == variant.size and np.allclose(v, variant, rtol=1e-9, atol=1e-12,
                                                                                   equal_nan=True)]
         if len(twins) > 1:
             preferred = [m for m in twins if m.tie and all(holds(c, rank, ws, calls, value, right, quantity, exercise) for c in m.tie)]
-            preferred = preferred or [m for m in twins if not m.tie] or twins
+            preferred = preferred or [m for m in twins if not m.tie] or (twins if len({m.cause for m in twins}) == 1 else [])
             if mistake not in preferred:
                 continue
         kept.append(mistake)
