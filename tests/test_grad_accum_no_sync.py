@@ -158,8 +158,9 @@ def test_the_mistakes_table_names_each_mistake_from_its_values():
             found = suite.diagnose(EXERCISE, "grad", values, ws, 1, by_hand if key == "cause.summed_divided_twice" else ())
             if ws != DECL.K:
                 assert key in found and len(found) == 1 or key == "cause.averaged_then_divided", (ws, key, found)
-            else:
-                assert found, (ws, key, found)
+            else:   # N = K: two causes leave these numbers; without what the rank sent neither is certain, so at
+                # most one is named (what it sent tells them apart: the test below)
+                assert len(found) <= 1, (ws, key, found)
         if ws != DECL.K:   # no two mistakes alike (the same cause may have two forms)
             for (k1, v1), (k2, v2) in zip(patterns, patterns[1:]):
                 assert k1 == k2 or not np.allclose(v1, v2, rtol=1e-4, atol=1e-6) or {k1, k2} <= TWICE, (ws, k1, k2)
