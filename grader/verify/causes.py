@@ -179,7 +179,8 @@ def exercise_causes(exercise, quantity, value: Value, ws: int, record: RankRecor
         half = value.dtype in ("torch.float16", "torch.bfloat16")
         tolerance = quantity.tolerance or ("torch.float32" if half else (value.dtype or "torch.float32"))
         right = {q.name: (v is not None and v.data is not None and v.data.size == q.expected_array(record.rank, ws).size
-                          and all_close(v.data.reshape(-1), q.expected_array(record.rank, ws), tolerance))
+                          and all_close(v.data.reshape(-1), q.expected_array(record.rank, ws),
+                                        q.tolerance or v.dtype or "torch.float32"))   # each at its own tolerance
                  for q in exercise.quantities for v in [(others or {}).get(q.name)]}
         notes += mistakes.named(exercise, quantity, value, ws, record.rank, record.calls,
                                 error if record.how in (How.RAISE, How.EXIT) else None, outcome is Outcome.WRONG,

@@ -12,7 +12,7 @@ bfloat16, half of float32's bytes; for a right gradient). World size 2 is visibl
 """
 import numpy as np
 
-from grader.exercise import Check, Dtype, Exercise, Linear, Mistake, NotOwn, Quantity, Ran, Representable, Teach, Todo
+from grader.exercise import Check, Dtype, Exercise, Linear, Mistake, NotOwn, Quantity, Ran, Representable, Teach, Todo, Wrong
 
 IN_FEATURES, OUT_FEATURES, BATCH, LR = 16, 8, 16, 1e-3
 NUMEL = IN_FEATURES * OUT_FEATURES
@@ -63,8 +63,9 @@ MISTAKES = (
     Mistake("cause.weights_in_half", "weights", when=(Dtype(*HALF),)),
     Mistake("cause.weights_in_half", "weights", value=lambda r, ws: half(half(START) - half(LR * mean(ws)))),
     Mistake("cause.weights_in_half", "weights", value=lambda r, ws: half(START - LR * mean(ws))),
-    Mistake("cause.not_divided", "weights", value=lambda r, ws: START - LR * ws * mean(ws)),
-    Mistake("cause.divided_twice", "weights", value=lambda r, ws: START - LR * mean(ws) / ws),
+    # (where grad is right, the weights' error is in the update itself: two steps look like a sum at N = 2)
+    Mistake("cause.not_divided", "weights", value=lambda r, ws: START - LR * ws * mean(ws), when=(Wrong("grad"),)),
+    Mistake("cause.divided_twice", "weights", value=lambda r, ws: START - LR * mean(ws) / ws, when=(Wrong("grad"),)),
     Mistake("cause.local_gradient", "weights", value=lambda r, ws: START - LR * gradient(r)),
     Mistake("cause.no_update", "weights", value=lambda r, ws: START),
     Mistake("cause.half_copy_dropped", "weights", value=lambda r, ws: START - LR * gradient(r) / ws, when=(REDUCED,)),
