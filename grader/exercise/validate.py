@@ -55,6 +55,15 @@ def is_words(value) -> bool:
 def words(what: str, value, where) -> None:
     if not is_words(value):
         raise DeclarationError("declare.words", where, what=what, value=repr(value)[:80])
+    zh, en = set(placeholders(value[0])), set(placeholders(value[1]))
+    if zh != en:   # a reader of the other language would see the name in braces, or miss the value
+        raise DeclarationError("declare.placeholders", where, what=what, zh=sorted(zh - en) or ["-"],
+                               en=sorted(en - zh) or ["-"])
+
+
+def placeholders(text: str) -> list[str]:
+    """The names a message's words fill in: {name}, {name:g}, {name!r}."""
+    return re.findall(r"\{(\w+)[^{}]*\}", text)
 
 
 def _near(name) -> str | None:
@@ -199,6 +208,10 @@ def mistakes(exercise) -> None:
             raise DeclarationError("declare.items", exercise.where, what="Exercise.mistakes", kind="Mistake")
         if m.cause not in (exercise.messages or {}):
             raise DeclarationError("declare.mistake_words", m.where, cause=m.cause)
+        # its words' placeholders are filled from its params alone: one it does not give would show as {name}
+        missing = sorted(set(placeholders(exercise.messages[m.cause][1])) - set(m.params or {}))
+        if missing:
+            raise DeclarationError("declare.mistake_params", m.where, cause=m.cause, missing=missing)
         if m.quantity is not None:
             quantity_named("Mistake.quantity", m.quantity, exercise.quantities, m.where)
         if m.knobs:
