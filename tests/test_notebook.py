@@ -322,3 +322,10 @@ def test_a_notebook_that_plots_loads_pyplot_in_the_zygote_not_in_every_rank(grad
     results, proc = grade(NB / "writefile_reload_and_a_plot.ipynb", "--exercise", "hierarchical_allreduce")
     assert results["score"] == 100, proc.stdout[-2000:]
     assert "Fontconfig" not in json.dumps(results)
+
+
+def test_a_truncated_notebook_says_where_its_json_stops():
+    """json's own words whole (where the string starts), not cut after 'starting at'."""
+    from grader.submission import notebook
+    problem = notebook.read_notebook('{"cells": [{"source": "abc').problem
+    assert problem[0] == "load.bad_notebook" and problem[1]["error"].endswith("line 1 column 23 (char 22)")

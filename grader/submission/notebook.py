@@ -316,7 +316,8 @@ def read_notebook(text: str) -> NotebookCode:
     try:
         nb = json.loads(text)
     except (ValueError, RecursionError) as err:
-        where = f"line {err.lineno}: {err.msg}" if isinstance(err, json.JSONDecodeError) else str(err)[:200]
+        # json's own words, whole: "Unterminated string starting at: line 31 column 5 (char 1234)"
+        where = str(err)[:200]
         return NotebookCode(None, ("load.bad_notebook", {"error": where}))
     cells = _cells(nb) if isinstance(nb, dict) else None
     if cells is None:
