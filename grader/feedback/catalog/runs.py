@@ -73,6 +73,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "fail.stopped": ("进程 {rank} 被提前停止，因为进程 {other} 已经失败。", "Rank {rank} was stopped because rank {other} had failed."),
     "fail.grader": ("进程 {rank}：评分器没有收到结果（评分器问题，请联系助教）。", "Rank {rank}: the grader received no result (a grader problem: tell your TA)."),
     "fail.grader_run": ("评分器无法完成这次运行：{error}", "The grader could not complete this run: {error}"),
+    "fail.missing_none": ("进程 {rank}：{entry} 返回的 {quantity} 是 None，不是张量（例如 zero_grad() 之后的 .grad 就是 None）。",
+                          "Rank {rank}: the {quantity} {entry} returned is None, not a tensor (a .grad after zero_grad() is None, say)."),
     "fail.missing": ("进程 {rank}：找不到 {quantity}。{entry} 应当返回 {names}，或者把它们保存在同名的变量里（实际返回了 {returned}）。",
                      "Rank {rank}: no {quantity} was found. {entry} should return {names}, or keep them in variables of those names (it returned {returned})."),
     "fail.not_collective": ("进程 {rank}：{quantity} 的数值是对的，但不是由 {ops} 传来的数据得到的（评分器秘密地改变了通信中的数据，你的结果没有随之变化）。请使用通信的结果，不要在本地直接算出答案。",

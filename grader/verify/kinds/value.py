@@ -73,6 +73,8 @@ def _rank_verdict(judge, quantity: Quantity, runs: WorldSizeRuns, record: RankRe
             outcome, note = failure
             notes.append(note)
             details.extend(outcomes.last_call(record, note))
+        elif record.result is not None and record.result.returned_type == "NoneType" and len(judge.exercise.quantities) == 1:
+            notes.append(Note("fail.missing_none", {**label, "entry": judge.exercise.entry}))
         else:
             notes.append(Note("fail.missing", {**label, "entry": judge.exercise.entry,
                                                "names": [q.name for q in judge.exercise.quantities],
