@@ -70,6 +70,7 @@ MISTAKES = (
     Mistake("cause.no_update", "weights", value=lambda r, ws: START),
     Mistake("cause.half_copy_dropped", "weights", value=lambda r, ws: START - LR * gradient(r) / ws, when=(REDUCED,)),
     Mistake("cause.weights_in_half", "weights", when=(Representable("torch.float16"),)),
+    Mistake("cause.half_grad_assigned", error=r"assign a gradient with dtype 'c10::(Half|BFloat16)' to a tensor with grad_dtype 'Float'"),
 )
 TEACH = (
     Teach("teach.header", per="run"),
@@ -78,6 +79,8 @@ TEACH = (
 )
 
 MESSAGES = {
+    "cause.half_grad_assigned": ("原因：把 float16 的梯度赋给了 float32 参数的 .grad，torch 不允许（.grad 的 dtype 要和参数一样）：先在 float16 里 all_reduce 和平均，再用 .float() 转回 float32 后赋值。",
+                                 "Cause: a float16 gradient was assigned to a float32 parameter's .grad, which torch refuses (.grad has the parameter's dtype): all-reduce and average in float16, then turn it back with .float() before assigning it."),
     "cause.not_divided": ("原因：all_reduce（SUM）得到的是各进程梯度之和，没有除以 world_size（或者改用 ReduceOp.AVG）。",
                           "Cause: all_reduce (SUM) delivers the sum of the ranks' gradients, and it was not divided by world_size (or use ReduceOp.AVG)."),
     "cause.divided_twice": ("原因：梯度被 world_size 除了两次：先除以 world_size 再用 ReduceOp.AVG（或 DDP 的压缩 hook 已经除过），只需要一次。",
