@@ -191,7 +191,7 @@ def test_a_corrupt_notebook_says_only_that(tmp_path):
     path.write_text("{bad json", encoding="utf-8")
     proc = run_cli("check", str(path), "--lang", "en")
     assert proc.returncode == 1 and proc.stdout.splitlines()[1:] == [
-        "The notebook is corrupt and cannot be read: line 1: Expecting property name enclosed in double quotes"], proc.stdout
+        "The notebook is corrupt and cannot be read: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"], proc.stdout
 
 
 @pytest.mark.timeout(60)

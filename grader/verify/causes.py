@@ -60,8 +60,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
             notes.append(Note("cause.own_data_divided", {**label, "op": op_name(calls[0])}))
         elif all_close(data, expected * ws, value.dtype) and _scaled_from(data, delivered, (1.0,), value.dtype) \
                 and not raised:
-            # an async sum lands at wait(), over a division the code made while it was in flight
-            started = next((c for c in calls if c.async_op), None)
+            started = next((c for c in calls if c.async_op), None)   # (it lands at wait(), over a division made before)
             notes.append(Note("cause.summed_not_averaged_async", {**label, "op": op_name(started)}) if started is not None
                          else Note("cause.summed_not_averaged", {**label, "ws": ws}))
         elif all_close(data, expected / ws, value.dtype) and made_of_delivered and not raised:
@@ -100,7 +99,6 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
     elif same_size and not raised and not sends and np.all(data == 0) and np.any(expected != 0) and any(
             d.size and np.any(d != 0) for d in delivered) and not any(c.async_op and not c.waited for c in calls):
-        # zeros where the operation delivered numbers: they went to another tensor than the one returned
         notes.append(Note("cause.delivered_elsewhere", {**label, "op": op_name(calls[0])}))
     little = carried_too_little(quantity, ws, calls) if used_through and not raised and not sends else None
     if little is not None:
