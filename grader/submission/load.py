@@ -78,9 +78,11 @@ def find_entry(folder: Path, truncated: list | None = None, entry: str = "run_wo
     the files that define the entry function (`def run_worker(`), else of all, a notebook if there is one,
     else a .py; the first by path (a helper module beside the solution is not it). Hidden files and folders,
     symbolic links and anything deeper than MAX_DEPTH are not considered."""
-    candidates = [(not _defines(p, entry), p.suffix != ".ipynb", p.relative_to(folder).parts, p)
-                  for p, _ in _walk(folder, truncated) if p.suffix in SUFFIXES and not p.name.startswith(".")]
-    return min(candidates)[3] if candidates else None
+    candidates = sorted((p.suffix != ".ipynb", p.relative_to(folder).parts, p) for p, _ in _walk(folder, truncated)
+                        if p.suffix in SUFFIXES and not p.name.startswith("."))
+    # the first few in that order are read (at most MAX_READ of them: a folder of thousands of files costs no more)
+    defining = next((p for _, _, p in candidates[:MAX_READ] if _defines(p, entry)), None)
+    return defining or (candidates[0][2] if candidates else None)
 
 
 def _defines(path: Path, entry: str) -> bool:
@@ -90,6 +92,7 @@ def _defines(path: Path, entry: str) -> bool:
 
 
 MAX_MODULES = 16   # .py files beside a folder's solution carried as its modules
+MAX_READ = 32      # files of a student's folder read to find the one that defines the entry
 
 
 def _modules(entry: Path) -> dict[str, str]:
