@@ -62,9 +62,9 @@ class Runner(ZygoteClient):
         `watch(index, outcome)`, called as each run ends, may return indices of runs to cancel (stopped,
         or never started: their outcome says "cancelled") and requests to start too (their outcomes follow
         those of `requests`, in the order they were asked for). `adjust(request)`, called as each run
-        starts, returns the request to make (its limits as the runs before it showed them needed). A run the grader itself could not make or
-        finish (Stop.GRADER_ERROR: its zygote gone, a launch that failed) is made once more before its
-        outcome counts: a grader's accident is not the student's result."""
+        starts, returns the request to make (its limits as the runs before it showed them needed). A run
+        the grader itself could not make or finish (Stop.GRADER_ERROR: its zygote gone, a launch that
+        failed) is made once more before its outcome counts: a grader's accident is not the student's result."""
         self._ready()
         requests = list(requests)
         queue = list(enumerate(requests))
