@@ -52,10 +52,6 @@ def _knobs(cause, quantity=None, **knobs):   # the step with knobs turned; where
     return Mistake(cause, quantity, knobs=knobs, tie=(SentAs(knobs),))
 
 
-def _summed(name):   # a shard's gradient all-reduced as in data parallelism: every rank's (different) shard summed
-    return Mistake("cause.shard_grad_all_reduced", name, value=lambda rank, ws: np.sum([outcome(step, ws)[q][name] for q in range(ws)], axis=0))
-
-
 MISTAKES = (
     *(Mistake(c, knobs=k, when=(w("y"),), tie=(SentAs(k),)) for c, w in (("cause.no_output_all_reduce", Wrong),   # y is
       ("cause.dy_from_partial", Right)) for k in ({"reduce_y": 0}, {"reduce_y": 0, "reduce_dx": 0})),   # right: dY is not
@@ -67,7 +63,9 @@ MISTAKES = (
     _knobs("cause.loss_form", loss=2.0 / (TOKENS * D)), _knobs("cause.loss_form", loss=2.0),
     *(Mistake("cause.b_not_split_by_rows", error=rf"\(\d+x{H // n} and {H}x\d+\)", ws=lambda ws, n=n: ws == n) for n in (2, 3, 4)),
     Mistake("cause.weight_layout", "dA", shape=lambda ws: [H // ws, D]), Mistake("cause.weight_layout", "dB", shape=lambda ws: [D, H // ws]),
-    _summed("dA"), _summed("dB"),
+    *(Mistake("cause.shard_grad_all_reduced", name, value=lambda rank, ws, name=name: np.sum(   # every rank's shard, summed
+        [outcome(step, ws)[q][name] for q in range(ws)], axis=0)) for name in ("dA", "dB")),
+    Mistake("cause.a_not_split_by_columns", error=rf"\(\d+x{D} and (?!{D}x)\d+x{H}\)"),   # X @ A[rows]
     Mistake("cause.partials_all_gathered", when=(Sent("all_gather", lambda rank, ws: [sent(step, ws)[rank][0][1]]),)),
 )
 TEACH = (
@@ -100,6 +98,8 @@ MESSAGES = {
                              "Cause: dY was all-reduced in the backward pass too, so the gradients are world_size times too large: the backward of torch.distributed.nn.functional.all_reduce is an all_reduce as well, and every rank holds the same loss. Megatron's g is the identity backward (write an autograd.Function), or divide each rank's loss by world_size."),
     "cause.loss_form": ("原因：梯度是正确梯度的整数倍或几分之一：loss 要写成 0.5 * ((y - target) ** 2).sum()，于是 dY = Y - T；F.mse_loss 取的是平均（还乘以 2），不带 0.5 的平方和会乘以 2。",
                         "Cause: the gradients are a multiple of the right ones: the loss is 0.5 * ((y - target) ** 2).sum(), so that dY = Y - T; F.mse_loss takes the mean (and doubles), and a sum of squares without the 0.5 doubles."),
+    "cause.a_not_split_by_columns": ("原因：X（D 列）乘上了一个行数不是 D 的矩阵：A 要按列切分，进程 r 用 A[:, r * s:(r + 1) * s]（s = H / world_size），而不是按行切分。",
+                                     "Cause: X (D columns) was multiplied by a matrix without D rows: A is split by columns, rank r takes A[:, r * s:(r + 1) * s] (s = H / world_size), not by rows."),
     "cause.b_not_split_by_rows": ("原因：GeLU 的输出（每个进程 H / world_size 列）乘上了一个有 H 行的矩阵：B 要按行切分，进程 r 用 B[r * s:(r + 1) * s, :]（s = H / world_size），而不是整个 B 或按列切分的 B。",
                                   "Cause: the GeLU output (H / world_size columns on each rank) was multiplied by a matrix of H rows: B is split by rows, rank r using B[r * s:(r + 1) * s, :] (s = H / world_size), not the whole B nor B split by columns."),
     "cause.weight_layout": ("原因：梯度是转置的：nn.Linear 的 weight 是 (out, in)，也就是 A^T 和 B^T；dA 的形状和 A_r 相同（D × H/N），dB 和 B_r 相同（H/N × D）：返回 weight.grad.T。",
