@@ -105,15 +105,12 @@ def _modules(entry: Path) -> dict[str, str]:
     except OSError:
         return out
     for path in siblings[:MAX_MODULES]:
-        if path.is_symlink():
-            continue
-        raw, problem = read_limited(path)
+        raw, problem = (None, True) if path.is_symlink() else read_limited(path)
         try:
-            out[path.name] = raw.decode("utf-8-sig") if problem is None else None
+            if problem is None:
+                out[path.name] = raw.decode("utf-8-sig")
         except UnicodeDecodeError:
-            out[path.name] = None
-        if out[path.name] is None:
-            del out[path.name]
+            pass   # not text: left out, as an unreadable file would be
     return out
 
 

@@ -45,10 +45,9 @@ def mismatch(calls: list[tuple], differs: str, extras: list | None = None) -> Op
     """An error for every rank: what differs, then each rank's call (also as data, `problem`, for the report)."""
     listing = [(c.rank, signature(c, a, extras[i] if extras else ())) for i, (c, a) in enumerate(calls)]
     what = DIFFERS[differs].format(op=calls[0][0].op)
-    error = OpError(f"{MISMATCH_WORDS}{what}: " + "; ".join(f"rank {r}: {call}" for r, call in listing))
-    error.problem = {"kind": "mismatch", "differs": differs,
-                     "calls": [{"rank": r, "ops": [call]} for r, call in listing]}
-    return error
+    return OpError(f"{MISMATCH_WORDS}{what}: " + "; ".join(f"rank {r}: {call}" for r, call in listing),
+                   problem={"kind": "mismatch", "differs": differs,
+                            "calls": [{"rank": r, "ops": [call]} for r, call in listing]})
 
 
 def _differs(values: list) -> bool:

@@ -54,15 +54,14 @@ def _like(name: str, tensors: list, like: T, start: int = 0) -> None:
     """assertTypeAndSizesMatch: each tensor has `like`'s dtype and shape (index counted from `start`)."""
     for j, t in enumerate(tensors):
         if t.dtype != like.dtype:
-            err = OpError(f"ProcessGroupGloo::{name}: invalid tensor type at index {j + start} (expected "
-                          f"{options_text(like.dtype)}, got {options_text(t.dtype)})")
-            err.problem = {"kind": "unlike", "index": j + start, "expected": like.dtype, "got": t.dtype}
-            raise err
+            raise OpError(f"ProcessGroupGloo::{name}: invalid tensor type at index {j + start} (expected "
+                          f"{options_text(like.dtype)}, got {options_text(t.dtype)})",
+                          problem={"kind": "unlike", "index": j + start, "expected": like.dtype, "got": t.dtype})
         if t.shape != like.shape:
-            err = OpError(f"ProcessGroupGloo::{name}: invalid tensor size at index {j + start} (expected "
-                          f"{shape_text(like.shape)}, got {shape_text(t.shape)})")
-            err.problem = {"kind": "unlike", "index": j + start, "expected": str(list(like.shape)), "got": str(list(t.shape))}
-            raise err
+            raise OpError(f"ProcessGroupGloo::{name}: invalid tensor size at index {j + start} (expected "
+                          f"{shape_text(like.shape)}, got {shape_text(t.shape)})",
+                          problem={"kind": "unlike", "index": j + start, "expected": str(list(like.shape)),
+                                   "got": str(list(t.shape))})
 
 
 def torch_chunks(shape: tuple, n: int) -> list[tuple]:
@@ -285,10 +284,9 @@ def point_to_point(call, args: Args, n: int) -> None:
     if call.peer is not None:
         me = call.group.index(call.rank)
         if not 0 <= call.peer < n:   # gloo waits forever (no pair to that rank): named instead
-            err = OpError(f"ProcessGroupGloo::{call.op}: invalid {'destination' if call.op == 'send' else 'source'} "
-                          f"rank {call.peer}: the group has {n} ranks (gloo waits forever on it)")
-            err.problem = {"kind": "peer_outside", "peer": call.peer, "n": n}
-            raise err
+            raise OpError(f"ProcessGroupGloo::{call.op}: invalid {'destination' if call.op == 'send' else 'source'} "
+                          f"rank {call.peer}: the group has {n} ranks (gloo waits forever on it)",
+                          problem={"kind": "peer_outside", "peer": call.peer, "n": n})
         if call.peer == me and call.op == "send":
             raise OpError("Invalid destination rank: destination rank should not be the same as the rank of the "
                           "current process.", "ValueError")

@@ -29,10 +29,10 @@ class OpError(Exception):
     """An error of one call (raised on its rank) or of calls that do not fit (raised on every rank); `kind` is
     the Python exception the rank raises (gloo raises ValueError for some, through pybind)."""
 
-    def __init__(self, message: str, kind: str = "RuntimeError"):
+    def __init__(self, message: str, kind: str = "RuntimeError", problem: dict | None = None):
         super().__init__(message)
         self.kind = kind
-        self.problem: dict | None = None   # the facts, for the report (agree.mismatch)
+        self.problem = problem   # the facts, for the report in its own language (verify/outcomes.py)
 
 
 @dataclass

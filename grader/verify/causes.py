@@ -16,7 +16,7 @@ from ..switch import Call
 from ..wire import element_size
 from . import mistakes
 from .compare import all_close
-from .diagnose import at, op_name, preview
+from .diagnose import async_without_wait, at, op_name, preview
 from .observe import Value
 
 
@@ -95,10 +95,11 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
         theirs = exercise.quantity(name).expected_array(rank, ws)
         if data.size == theirs.size and all_close(data, theirs, value.dtype):
             notes.append(Note("cause.swapped", {**label, "other": name}))
+    never_waited = async_without_wait(calls) is not None   # its buffer holds what it held before: no cause of ours
     if _read_before_wait(calls, data):
         notes.append(Note("cause.read_before_wait", {**label, "op": op_name(next(c for c in calls if c.async_op))}))
-    elif same_size and not raised and not sends and np.all(data == 0) and np.any(expected != 0) and any(
-            d.size and np.any(d != 0) for d in delivered) and not any(c.async_op and not c.waited for c in calls):
+    elif same_size and not raised and not sends and not never_waited and np.all(data == 0) and np.any(expected != 0) \
+            and any(d.size and np.any(d != 0) for d in delivered):
         notes.append(Note("cause.delivered_elsewhere", {**label, "op": op_name(calls[0])}))
     little = carried_too_little(quantity, ws, calls) if used_through and not raised and not sends else None
     if little is not None:
@@ -106,8 +107,7 @@ def value_causes(quantity, value: Value, ws: int, rank: int, record: RankRecord,
     notes += contribution_causes(quantity, ws, record, calls)
     # what was sent says how the numbers were lost: the exercise's values of them would not; nor of numbers read
     # before an operation never waited on delivered them (whatever its buffer held)
-    unwaited = any(c.async_op and not c.waited for c in calls) and record.how is How.RETURN
-    if not sends and not unwaited:
+    if not sends and not (never_waited and record.how is How.RETURN):
         notes += exercise_causes(exercise, quantity, value, ws, record, Outcome.EXCEPTION if raised else Outcome.WRONG,
                                  others)
     return notes
