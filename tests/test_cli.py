@@ -339,3 +339,16 @@ def test_a_file_python_refuses_to_compile_is_a_syntax_error_though_it_parses(tmp
                    "--lang", "en", "--exercise", "dist_primitives")
     data = json.loads(results.read_text())
     assert data["score"] == 0 and "'return' outside function" in proc.stdout and "Syntax error at line" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_closed_its_channel_ends_the_run_by_its_exit_not_a_deadlock(tmp_path):
+    """Rank 0 closes its socket after the all-reduce and exits a second later: the others wait in all_gather
+    meanwhile, and the verdict waits for rank 0's exit (code 3) instead of calling the wait a deadlock."""
+    results = tmp_path / "r.json"
+    run_cli("grade", str(FIXTURES / "limits" / "close_socket_then_exit_late.py"), "--exercise", "dist_primitives",
+            "--results", str(results), "--lang", "en", "--backend", "none")
+    data = json.loads(results.read_text())
+    runs = data["extra_data"]["runs"]
+    assert runs and all(run["stop"] != "deadlock" for run in runs), runs
+    assert any(c["key"] == "fail.os_exit" for c in data["extra_data"]["causes"].get("ws2.all_gather", [])), data

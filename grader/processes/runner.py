@@ -352,8 +352,14 @@ class Runner(ZygoteClient):
 
     @staticmethod
     def _stuck(run: InFlight) -> bool:
-        """The switch knows that every rank that has not finished waits on an operation it cannot complete."""
-        return run.switch is not None and run.switch.stuck()
+        """The switch knows that every rank that has not finished waits on an operation it cannot complete, and
+        each rank it counts as finished has ended: one whose channel closed while its process still runs (it
+        closed its socket, it is dying) has not said how it ends, and its exit, not a deadlock, is the news (a
+        loaded machine reaps it late; its exit wakes the loop, or the time limit ends the run)."""
+        if run.switch is None or not run.switch.stuck():
+            return False
+        ranks = run.outcome.ranks
+        return all(ranks[r].finished for r in run.switch.finished if r < len(ranks))
 
     def _stop(self, run: InFlight) -> None:
         if run.stopping_since is None:
