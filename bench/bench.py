@@ -13,7 +13,7 @@ Prints (method in docs/bench.md):
      and 4 ranks, in one Runner (bench/dataplane.py); `--dataplane-only` runs E alone;
   F. `grade` of a step compiled with torch.compile (tests/fixtures/compile/h51_...) against the same file
      without its `@torch.compile` line (median of --compile-reps each, interleaved, after one compiled
-     grading that builds the grader's precompiled header if this machine has none); `--compile-only`.
+     grading that warms the machine's file cache up); `--compile-only`.
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def compiled_vs_plain(reps: int, tmp: Path) -> tuple[list[float], list[float]]:
         score = json.loads(results.read_text(encoding="utf-8"))["score"]
         assert score == 100, f"{path.name}: {score}"
         return elapsed
-    grade(compiled)   # the header, where this machine has none yet (~5 s, once)
+    grade(compiled)   # the first import of dynamo's ~800 modules reads them from disk (once)
     times: tuple[list[float], list[float]] = ([], [])
     for _ in range(reps):
         times[0].append(grade(compiled))

@@ -172,7 +172,7 @@ PRELOAD_WITH = {
     "torch.distributed._functional_collectives": ("torch._dynamo",),
     "torch.optim": ("torch._dynamo",),
     "torch.nn.parallel": ("torch._dynamo",),
-    "torch.compile": ("torch._dynamo", "torch._inductor.compile_fx"),
+    "torch.compile": ("torch._dynamo", "torch._dynamo.backends.debugging"),
     "torch.distributed.tensor": ("torch._dynamo",),
     # tensor parallelism's styles are imported from here, and the first parallelized forward goes through
     # torch._dynamo: ~7 s in each rank of a loaded machine, where a run has 15

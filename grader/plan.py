@@ -25,20 +25,15 @@ it passes (a failure or a different answer there costs that world size's points,
 round 1 and cancel it as soon as the visible perturbed run shows it will not be needed; a batch starts it
 only once it is: as soon as that perturbed run proves its values and passes a check (beside the other world
 sizes' runs), else after the last round. One that runs out of time is run once more, with twice the time,
-before it costs anything (not code that compiles: its runs had twice the time already).
+before it costs anything.
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 from .exercise.spec import Exercise
 from .processes.runner import Runner
 from .records import RunRequest, Stop
 from .verify.evidence import WorldSizeRuns
 from .verify.judge import Judge
-
-
-COMPILE_SCALE = 2.0   # the limits of a run of code that compiles, times the plain ones
 
 
 def backend_for(ws: int, backend: str, gpus: int) -> str | None:
@@ -71,31 +66,11 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
     if real_backend is None:   # NCCL asked for, too few GPUs: no real-backend run (api.py says so)
         real_at = None
 
-    # torch.compile compiles C++ in every rank of every run (a second of CPU each, with the grader's header):
-    # one run at a time, or the runs of one grading would share the cores past their time limits, and each
-    # with twice the limits (a run's ranks still compile at once, beside whatever else the machine grades).
-    # Once a run of the grading ran out of time, compiling is not what it waits on (its first run's compile
-    # fits twice over): the later runs get the plain limits, and a real-backend run is not tried again with
-    # more, so that code that names torch.compile and hangs costs what any hang costs (once ~12x that).
-    compiles = any(m.startswith(("torch._inductor", "torch.compile")) for m in preload)
-    parallel = 1 if compiles else None
-    timed_out: list = []
-
-    def adjust(req: RunRequest) -> RunRequest:
-        return replace(req, time_scale=req.time_scale / COMPILE_SCALE) if compiles and timed_out else req
-
-    def noting(watch=None):
-        def seen(index: int, outcome):
-            if outcome.stop == Stop.TIMEOUT:
-                timed_out.append(outcome.request.label)
-            return watch(index, outcome) if watch is not None else ()
-        return seen
-
     def request(ws: int, perturb: tuple, label: str, mode: str = "switch", scale: float = 1.0) -> RunRequest:
         return RunRequest(world_size=ws, source=submission.source, filename=submission.filename,
                           entry=exercise.entry, quantities=names, perturb=perturb, label=label, preload=preload,
                           mode=mode, backend=real_backend if mode == "real" else "gloo",
-                          time_scale=(COMPILE_SCALE if compiles else 1.0) * scale,
+                          time_scale=scale,
                           cuda=gpus > 0 and (mode == "switch" or real_backend == "nccl"),
                           files=dict(getattr(submission, "files", None) or {}))
 
@@ -124,7 +99,7 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
                     return [request(real_at, (), "real", "real")]
         return ()
 
-    for outcome in runner.run_many(first, watch=noting(watch), parallel=parallel, adjust=adjust):
+    for outcome in runner.run_many(first, watch=watch):
         entry = runs[outcome.request.world_size]
         if outcome.request.real:
             entry.real = outcome if outcome.stop != Stop.CANCELLED else None
@@ -140,23 +115,20 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
             entry.clean = entry.perturbed[0]   # what a clean run would repeat: nothing was delivered
     second = [request(ws, (), "clean") for ws, entry in runs.items()
               if entry.clean is None and not judge.proven(entry.perturbed[0])]
-    # after a time-out, at once: each run waits out its limit, not its compile (9 ranks' compiles: ~5 CPU-s)
-    parallel = None if timed_out else parallel
-    for outcome in runner.run_many(second, noting(), parallel=parallel, adjust=adjust) if second else []:
+    for outcome in runner.run_many(second) if second else []:
         runs[outcome.request.world_size].clean = outcome
     third = [request(ws, ops, "perturbed-" + "+".join(ops))
              for ws, entry in runs.items() for ops in judge.unobserved(entry)]
-    for outcome in runner.run_many(third, noting(), parallel=parallel, adjust=adjust) if third else []:
+    for outcome in runner.run_many(third) if third else []:
         runs[outcome.request.world_size].perturbed.append(outcome)
     if real_at is not None:
         entry = runs[real_at]
         if not (judge.ran_cleanly(entry) and judge.passes_any(exercise, entry)):
             entry.real = None   # it could cost nothing: the switch runs failed where it would
         elif entry.real is None:
-            entry.real = runner.run_many([request(real_at, (), "real", "real")], noting(), parallel=parallel,
-                                         adjust=adjust)[0]
-        if entry.real is not None and entry.real.stop == Stop.TIMEOUT and not compiles:
+            entry.real = runner.run_many([request(real_at, (), "real", "real")])[0]
+        if entry.real is not None and entry.real.stop == Stop.TIMEOUT:
             # code the switch runs passed, out of time on gloo: once more with twice the time before it costs
             # the world size's points (gloo's set-up on a loaded machine: a class's fork bomb beside it)
-            entry.real = runner.run_many([request(real_at, (), "real", "real", scale=2.0)], parallel=parallel)[0]
+            entry.real = runner.run_many([request(real_at, (), "real", "real", scale=2.0)])[0]
     return runs

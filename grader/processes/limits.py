@@ -23,8 +23,8 @@ class Limits:
     cpu_s: int = 20               # CPU seconds per rank
     file_mb: int = 16             # largest file a rank may write
     open_files: int = 256
-    processes: int = 32           # processes and threads of one rank's uid (a gloo rank uses ~4, one that runs
-    #                               torch.compile's g++ ~10). A fork bomb fills it: each of its processes is a
+    processes: int = 32           # processes and threads of one rank's uid (a gloo rank uses ~4, one whose
+    #                               inductor runs g++ ~10). A fork bomb fills it: each of its processes is a
     #                               copy of a torch-sized rank, and hundreds of them take the kernel seconds to end
     output_keep_kb: int = 64      # output kept per rank; the rest is counted and dropped
     output_max_mb: int = 8        # past this much output from one rank, the run is stopped

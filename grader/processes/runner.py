@@ -56,21 +56,19 @@ class Runner(ZygoteClient):
         super().__init__(limits=limits, sandbox=sandbox, python=python)
 
     # -- runs ---------------------------------------------------------------------------------
-    def run_many(self, requests: list[RunRequest], watch=None, parallel: int | None = None,
-                 adjust=None) -> list[RunOutcome]:
-        """Run every request (up to max_parallel at once, or `parallel`) and return their outcomes, in order.
+    def run_many(self, requests: list[RunRequest], watch=None) -> list[RunOutcome]:
+        """Run every request (up to max_parallel at once) and return their outcomes, in order.
         `watch(index, outcome)`, called as each run ends, may return indices of runs to cancel (stopped,
         or never started: their outcome says "cancelled") and requests to start too (their outcomes follow
-        those of `requests`, in the order they were asked for). `adjust(request)`, called as each run
-        starts, returns the request to make (its limits as the runs before it showed them needed). A run
-        the grader itself could not make or finish (Stop.GRADER_ERROR: its zygote gone, a launch that
-        failed) is made once more before its outcome counts: a grader's accident is not the student's result."""
+        those of `requests`, in the order they were asked for). A run the grader itself could not make or
+        finish (Stop.GRADER_ERROR: its zygote gone, a launch that failed) is made once more before its
+        outcome counts: a grader's accident is not the student's result."""
         self._ready()
         requests = list(requests)
         queue = list(enumerate(requests))
         results: dict[int, RunOutcome] = {}
         active: dict[int, tuple[int, InFlight]] = {}
-        free_slots = list(range(min(self.max_parallel, parallel or self.max_parallel)))
+        free_slots = list(range(self.max_parallel))
         sel = self._sel = selectors.DefaultSelector()
 
         def react(answer) -> None:
@@ -107,8 +105,6 @@ class Runner(ZygoteClient):
             while queue or active:
                 while queue and free_slots:
                     index, request = queue.pop(0)
-                    if adjust is not None:
-                        request = adjust(request)
                     slot = free_slots.pop(0)
                     try:
                         run = self._launch(request, slot)

@@ -72,6 +72,7 @@ import torch.distributed  # noqa: F401
 # operation of every rank would read again (~0.2 ms): read once here, inherited by every fork (no op runs
 # and no thread starts in the zygote).
 torch._C._get_cpu_capability()
+inductor.eager_kernels()   # torch.compile's inductor backend runs with eager kernels in every rank (inductor.py)
 
 from ..comm import PRELOAD_OTHER
 from . import hooks, seccomp
@@ -161,15 +162,12 @@ def _preload(modules) -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001  (not a module: the rank will say what the student wrote)
                 pass
-    # torch.compile: the precompiled header and inductor's set-up, once, for every rank this zygote forks
-    if "torch._inductor.compile_fx" in modules and "torch._inductor.compile_fx" in sys.modules:
+    # torch.compile: dynamo's first compile of a step that communicates, once, for every rank this zygote forks
+    if "torch.compile" in modules and "torch._dynamo" in sys.modules:
         try:
-            headers = inductor.warm_up()
-        except Exception:  # noqa: BLE001  (whatever went wrong there: ranks compile as before, never a lost zygote)
-            headers = False
-        if headers and inductor.HEADERS not in CODE:
-            CODE.append(inductor.HEADERS)   # read-only in every run's root from now on
-            Pods.retire()                   # roots built before lack it
+            inductor.warm_up(backward=any(str(m).startswith(("torch.nn", "torch.autograd", "torch.optim")) for m in modules))
+        except Exception:  # noqa: BLE001  (whatever went wrong there: ranks warm up on their own, never a lost zygote)
+            pass
 
 
 def _stop_all_runs() -> None:

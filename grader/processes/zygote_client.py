@@ -41,7 +41,7 @@ def _sweep_stale_bases() -> None:
 
 
 START_SECONDS = 30      # the zygote's answer to a run it is asked to start
-PRELOAD_SECONDS = 600   # ... when it imports modules it was never asked for first (torch.compile's header)
+PRELOAD_SECONDS = 600   # ... when it imports modules it was never asked for first (and warms torch.compile up)
 
 class GraderError(RuntimeError):
     """The grader itself could not run (not the student's fault)."""
@@ -230,8 +230,8 @@ class ZygoteClient:
                "cgroup": self.cgroup.procs if self.cgroup is not None else None, "preload": list(request.preload)}
         try:
             socket.send_fds(self.conn, [json.dumps(req).encode()], send_fds)
-            # modules new to this zygote: it imports them (and, for torch.compile, builds the grader's header
-            # for inductor once per machine) before it answers, which a loaded machine can take minutes over;
+            # modules new to this zygote: it imports them (and, for torch.compile, compiles a step of its own)
+            # before it answers, which a loaded machine can take minutes over;
             # a plain start, or modules it imported for an earlier run, answers within START_SECONDS
             self.conn.settimeout(PRELOAD_SECONDS if set(request.preload) - self.asked else START_SECONDS)
             try:
