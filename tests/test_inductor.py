@@ -1,4 +1,5 @@
-"""torch.compile in ranks: inductor's backend compiles with aot_eager, warmed up by the zygote (grader/processes/inductor.py)."""
+"""torch.compile in ranks: inductor's backend compiles with aot_eager, warmed up by the zygote
+(grader/processes/inductor.py)."""
 from __future__ import annotations
 
 import json
@@ -45,7 +46,8 @@ if os.fork() == 0:
     layer(torch.full((3, 4), 2.0)).sum().backward()
     child["grad"] = layer.weight.grad.tolist()
     child["new_modules"] = len(sys.modules) - modules
-    child["config"] = isinstance(averaged.get_compiler_config(), dict) and "max_autotune" in averaged.get_compiler_config()
+    config = averaged.get_compiler_config()
+    child["config"] = isinstance(config, dict) and "max_autotune" in config
     try:
         torch.compile(lambda x: x, options={"no_such_option": 1})
     except RuntimeError as err:

@@ -42,11 +42,11 @@ def eager_kernels() -> None:
     """torch.compile's inductor backend compiles with aot_eager in every process this one forks from now on.
     Mode and options are still checked by torch's own wrapper when torch.compile is called; its compiler
     config (`fn.get_compiler_config()`) is inductor's, patched with them, read without importing inductor's
-    compiler (~200 modules)."""
+    compiler (~200 modules). A torch without that wrapper class keeps inductor."""
     import torch
 
-    wrapper = torch._TorchCompileInductorWrapper
-    if getattr(wrapper.__call__, "_grader", False):
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_grader", False):
         return
 
     def compile_eagerly(self, model_, inputs_, *, config_patches=None):

@@ -165,7 +165,8 @@ def _preload(modules) -> None:
     # torch.compile: dynamo's first compile of a step that communicates, once, for every rank this zygote forks
     if "torch.compile" in modules and "torch._dynamo" in sys.modules:
         try:
-            inductor.warm_up(backward=any(str(m).startswith(("torch.nn", "torch.autograd", "torch.optim")) for m in modules))
+            autograd = any(str(m).startswith(("torch.nn", "torch.autograd", "torch.optim")) for m in modules)
+            inductor.warm_up(backward=autograd)
         except Exception:  # noqa: BLE001  (whatever went wrong there: ranks warm up on their own, never a lost zygote)
             pass
 
