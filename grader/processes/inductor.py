@@ -62,6 +62,19 @@ def eager_kernels() -> None:
     wrapper.get_compiler_config = compiler_config
 
 
+def skip_grader_frames() -> None:
+    """dynamo never traces the grader's own code: a rank's process group is a Python class (gloo's is C++), and
+    a compiled step that calls one of its methods (`dist.reduce` on a subgroup, which dynamo does not turn into
+    a functional collective) made dynamo inline it and fail inside ("InternalTorchDynamoError: ... Member
+    '_send' is not registered") where gloo's C++ method is a graph break. The grader's files are on dynamo's
+    skip list from the moment the zygote has dynamo: its code runs as called, a graph break, as gloo's does."""
+    from torch._dynamo import trace_rules
+
+    folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    if folder not in trace_rules.SKIP_DIRS:
+        trace_rules.add(__name__.split(".")[0])
+
+
 def warm_up(backward: bool = False) -> bool:
     """Once per zygote whose submission names torch.compile: compile and run a step of the grader's own, an
     all_reduce and an all_gather_into_tensor inside it, on a fake process group of two ranks (no peer, no

@@ -162,6 +162,11 @@ def _preload(modules) -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001  (not a module: the rank will say what the student wrote)
                 pass
+    if "torch._dynamo" in sys.modules:
+        try:
+            inductor.skip_grader_frames()
+        except Exception:  # noqa: BLE001  (a dynamo without that list: a compiled step may not call the group)
+            pass
     # torch.compile: dynamo's first compile of a step that communicates, once, for every rank this zygote forks
     if "torch.compile" in modules and "torch._dynamo" in sys.modules:
         try:
