@@ -18,7 +18,8 @@ optional bucketing of collectives) are not run: docs/limits.md. A backend passed
 `warm_up()` compiles a step of the grader's own, a collective included, on a fake process group in the zygote
 (a trusted process: no student code has run in it), so that a rank's first compile finds dynamo's tables and
 lazy imports already there (~0.2 CPU-s each of 11 ranks of a grading); the zygote leaves no process group,
-no compiled code and no thread behind.
+no compiled code and no thread behind. `skip_grader_frames()` keeps dynamo out of the grader's own code (a
+rank's process group is a Python class where gloo's is C++): a compiled step's call into it is a graph break.
 """
 from __future__ import annotations
 
