@@ -430,6 +430,9 @@ class Launcher:
     "SIZES = []\nSIZES.extend([1, 2])",                             # filling a container the module binds
     "os.environ['MASTER_PORT'] = '29500'",
     "with open(__file__) as f:\n    TEXT = f.read()",
+    "run_worker = torch.compile(run_worker, fullgraph=True)",        # wrapped, not called (scope.WRAPPERS)
+    "compiled = torch.compile(run_worker, mode='max-autotune-no-cudagraphs')",
+    "sync = functools.partial(run_worker, 0)",
 ])
 def test_a_rank_keeps_top_level_code_that_only_computes_values(line):
     src = LAUNCH_HEAD + line + "\n"
@@ -451,6 +454,8 @@ def test_a_rank_keeps_top_level_code_that_only_computes_values(line):
     "go = functools.partial(mp.spawn, run_worker)",                            # a launcher passed on
     "launcher = Launcher(2)",                                                  # a class whose __init__ spawns
     "answer = run_worker(0, 1)",                                              # communicates at import
+    "answer = torch.compile(run_worker)(0, 1)",                               # wrapped, then called
+    "go = functools.partial(torch.compile(run_worker), 0)()",
     "GROUP = dist.new_group([0, 1])",
     "with multiprocessing.Pool(2) as pool:\n    SQUARES = pool.map(abs, [1, 2])",
     "if True:\n    main()",
@@ -516,6 +521,17 @@ def test_an_entry_made_by_a_factory_or_wrapper_of_the_submission(src, line, para
     report = inspect(HEAD + src)
     assert report.has_entry and report.entry_line == line and report.entry_params == params
     assert set(report.reached) == ops
+
+
+@pytest.mark.parametrize("binding", ["compiled = torch.compile(_step, mode='max-autotune-no-cudagraphs')",
+                                     "compiled = functools.partial(_step)", "compiled = torch.compiler.disable(_step)"])
+def test_a_function_wrapped_at_the_top_level_is_walked_through_the_name_it_is_bound_to(binding):
+    """`compiled = torch.compile(step)` binds step itself (scope.WRAPPERS): what run_worker reaches through it."""
+    src = HEAD + "import torch\ndef _step(t):\n    dist.all_reduce(t)\n" + binding + \
+        "\ndef run_worker(r, w):\n    return compiled(t)\n"
+    assert reached(src) == {"all_reduce"}
+    entry = inspect(HEAD + "import torch\ndef _worker(r, w):\n    dist.all_gather(l, t)\nrun_worker = torch.compile(_worker)\n")
+    assert entry.has_entry and set(entry.reached) == {"all_gather"}
 
 
 def test_an_entry_made_by_something_else_is_not_found():

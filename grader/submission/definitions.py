@@ -3,7 +3,8 @@
 A rank runs the submission's top level except what starts processes or communicates: an `if __name__ ...`
 block, a bare expression (a call: `main()`, `print(...)`), and a statement that calls a launcher or an
 operation of torch.distributed (`_Actions`), directly or through the submission's own functions, classes
-and methods. Assignments, `for` loops and `if`/`try`/`with` blocks that only compute values (constants, lookup
+and methods (a function passed to a call counts as called, unless the call only wraps it: `scope.WRAPPERS`,
+`step = torch.compile(step)`). Assignments, `for` loops and `if`/`try`/`with` blocks that only compute values (constants, lookup
 tables, wrappers: `all_reduce = timed(dist.all_reduce)`, `run_worker = make_worker()`) run; so does filling a
 container the module binds (`TABLE.append(...)`). A statement that reads a name only a dropped statement
 binds is dropped too (`for p in procs: p.join()` after `procs = [mp.Process(...) ...]`).
@@ -20,7 +21,7 @@ import sys
 from ..comm import API_NAMES
 from . import flow
 from ..comm import GROUP_METHODS
-from .scope import DEFS, Scope, bound_names
+from .scope import DEFS, WRAPPERS, Scope, bound_names
 
 # Calls that start processes, by their origin where it is the standard library or torch (`os.system`, never
 # `platform.system`); by their name alone where the origin is unknown (`ctx.Process(...)` of
@@ -132,12 +133,18 @@ class _Actions:
             return True
         if self._follows(func, scope, local):
             return True
+        inner = func
+        while isinstance(inner, ast.Call) and inner.args and scope.qualify(inner.func) in WRAPPERS:
+            inner = inner.args[0]
+        if inner is not func and self._follows(inner, scope, local):
+            return True                  # `torch.compile(step)(x)` calls step
+        wraps = qualified in WRAPPERS   # `step = torch.compile(step)` binds a function: it calls none
         for arg in [*call.args, *(k.value for k in call.keywords)]:
             arg = arg.value if isinstance(arg, ast.Starred) else arg
             passed = scope.qualify(arg)
             if passed is not None and is_launcher(passed, passed.rpartition(".")[2]):
                 return True
-            if self._follows(arg, scope, local):
+            if not wraps and self._follows(arg, scope, local):
                 return True
         return False
 

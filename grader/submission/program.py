@@ -10,7 +10,7 @@ from ..comm import PRELOAD_OTHER, PRELOAD_WITH
 from . import flow
 from .parse import parse_source
 from .reach import bound_operations
-from .scope import DEFS, Scope, bound_names, live_nodes, live_statements
+from .scope import DEFS, Scope, bound_names, live_nodes, live_statements, wrapped_function
 
 ENTRY = "run_worker"
 
@@ -35,8 +35,13 @@ class Module:
             elif isinstance(stmt, ast.Assign):
                 own = isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name) \
                     and isinstance(self.functions.get(stmt.value.func.id), (ast.FunctionDef, ast.AsyncFunctionDef))
+                # `step = torch.compile(step)`, `sync = functools.partial(sync_grads, ...)`: the function itself
+                wrapped = self.functions.get(wrapped_function(stmt.value, self.scope) or "")
                 for name in (n for t in stmt.targets for n in flow.target_names(t)):
-                    if own and isinstance(stmt.targets[0], ast.Name):
+                    if wrapped is not None and isinstance(stmt.targets[0], ast.Name):
+                        self.functions[name] = wrapped
+                        self.made.pop(name, None)
+                    elif own and isinstance(stmt.targets[0], ast.Name):
                         self.made[name] = stmt.value
                     else:
                         self.made.pop(name, None)

@@ -9,6 +9,10 @@ from __future__ import annotations
 import ast
 
 DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# Calls that return their first argument wrapped, never calling it (`step = torch.compile(step)`,
+# `sync = functools.partial(sync_grads, group=g)`): the name they bind stands for the function they wrap.
+WRAPPERS = frozenset({"torch.compile", "torch.compiler.disable", "torch._dynamo.disable", "functools.partial",
+                      "functools.cache", "functools.lru_cache"})
 
 
 def const_truth(test: ast.expr) -> bool | None:
@@ -72,6 +76,14 @@ class Scope:
             qualified = self.qualify(stmt.value)
             if qualified is not None:
                 self.names[stmt.targets[0].id] = qualified
+
+
+def wrapped_function(value: ast.AST, scope: Scope) -> str | None:
+    """The name of the function a call of one of WRAPPERS wraps (its first argument, a plain name), else None."""
+    if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Name) \
+            and scope.qualify(value.func) in WRAPPERS:
+        return value.args[0].id
+    return None
 
 
 def live_statements(body: list[ast.stmt]):
