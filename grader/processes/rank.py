@@ -68,7 +68,7 @@ class RankLink(backend.Link):
         snapshot, within a budget of their own (a warm-up buffer rewritten before every operation must not
         use up what the final answers need)."""
         frame = sys._getframe(2)
-        while frame is not None and frame.f_code not in self.entry_codes:
+        while frame is not None and not _is_entry(frame.f_code, self.entry_codes):
             frame = frame.f_back
         if frame is None:
             return
@@ -90,7 +90,7 @@ class RankLink(backend.Link):
         """One of the student's own checks failed (a perturbed run goes on): the entry function's quantities as
         they stand now, which a clean run that stopped here would have been judged on."""
         frame = sys._getframe(1)   # the grader's frames below the student's are no entry function's
-        while frame is not None and frame.f_code not in self.entry_codes:
+        while frame is not None and not _is_entry(frame.f_code, self.entry_codes):
             frame = frame.f_back
         found, blobs = {}, []
         if frame is not None:
@@ -228,6 +228,12 @@ def _load_written(path: str, name: str, spec: dict) -> types.ModuleType:
     return module
 
 
+def _is_entry(code, codes) -> bool:
+    """Whether `code` is one of the entry function's: by identity, never by hash (a code object dynamo made for a
+    compiled function's resumption holds a dict among its constants, and hashing it raises TypeError)."""
+    return any(code is entry for entry in codes)
+
+
 def _entry_codes(entry, name: str, filenames) -> set:
     """The code objects whose locals are the entry function's: the student's own function, also when it
     is decorated (through `__wrapped__`, or a function of that name defined in the submission), or, failing
@@ -344,7 +350,7 @@ def run(spec: dict, channel: Channel) -> None:
     captured: dict = {}
 
     def profile(frame, event, arg):
-        if event == "return" and frame.f_code in codes:
+        if event == "return" and _is_entry(frame.f_code, codes):
             captured["locals"] = dict(frame.f_locals)
 
     how, returned, error = "return", None, None
