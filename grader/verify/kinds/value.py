@@ -24,7 +24,7 @@ def evaluate(judge, check: Check, runs: WorldSizeRuns) -> CheckResult:
     """One value check (a quantity at a world size), over every rank."""
     quantity = judge.exercise.quantity(check.quantity)
     run = runs.clean
-    ops = _ops_used(quantity, runs)
+    ops = _ops_used(quantity, runs, judge.exercise)
     # a rooted quantity has one contributor: its pass names it, not "every rank contributing its own data"
     passed = Note("pass.value_root", {"quantity": quantity.name, "ops": ops, "root": quantity.root}) \
         if quantity.combine == "root" else Note("pass.value", {"quantity": quantity.name, "ops": ops})
@@ -248,12 +248,16 @@ def _ops_text(quantity: Quantity) -> list[str]:
     return list(quantity.through) or ["-"]
 
 
-def _ops_used(quantity: Quantity, runs: WorldSizeRuns) -> list[str]:
+def _ops_used(quantity: Quantity, runs: WorldSizeRuns, exercise) -> list[str]:
     """The operations of `through` the ranks completed in the run that decides (what a passed check names:
-    of an exercise that accepts several ways, the one the student took); all of them where none shows."""
+    of an exercise that accepts several ways, the one the student took); where none of them completed, the
+    forbidden ones that did (a value proven right through all_reduce where reduce_scatter was asked: the
+    "uses" check fails it, and the pass names what it came through); all of `through` where none shows."""
     run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
     used = {c.op for rec in run.ranks for c in rec.calls if c.completed and c.ok} if run is not None else set()
-    return [op for op in quantity.through if op in used] or _ops_text(quantity)
+    forbidden = [*exercise.forbidden, *(op for check in exercise.checks if check.kind == "uses" for op in check.forbid)]
+    return [op for op in quantity.through if op in used] or [op for op in dict.fromkeys(forbidden) if op in used] \
+        or _ops_text(quantity)
 
 
 def _why(proof: Proof | None, quantity: Quantity) -> list[Note]:
