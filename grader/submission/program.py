@@ -35,8 +35,10 @@ class Module:
             elif isinstance(stmt, ast.Assign):
                 own = isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name) \
                     and isinstance(self.functions.get(stmt.value.func.id), (ast.FunctionDef, ast.AsyncFunctionDef))
-                # `step = torch.compile(step)`, `sync = functools.partial(sync_grads, ...)`: the function itself
-                wrapped = self.functions.get(wrapped_function(stmt.value, self.scope) or "")
+                # `step = torch.compile(step)`, `sync = functools.partial(sync_grads, ...)`, `run_worker =
+                # _run_worker`: the function itself
+                alias = stmt.value.id if isinstance(stmt.value, ast.Name) else wrapped_function(stmt.value, self.scope)
+                wrapped = self.functions.get(alias or "")
                 for name in (n for t in stmt.targets for n in flow.target_names(t)):
                     if wrapped is not None and isinstance(stmt.targets[0], ast.Name):
                         self.functions[name] = wrapped
@@ -193,8 +195,10 @@ def torch_modules_of(tree: ast.Module) -> list[str]:
             if qualified and qualified.startswith("torch."):
                 parts = qualified.split(".")
                 found.update(".".join(parts[:k]) for k in range(2, len(parts)))
-                if qualified in PRELOAD_WITH:   # torch.compile: a function, whose first use imports inductor
+                if qualified in PRELOAD_WITH:   # torch.compile: a function, whose first use imports dynamo
                     found.add(qualified)
+            elif node.attr == "compile" and isinstance(node.ctx, ast.Load) and qualified is None:
+                found.add("torch.compile")      # `model.compile()`: nn.Module's, compiled as torch.compile
     for name in list(found):
         found.update(PRELOAD_WITH.get(name, ()))
     return sorted(found)[:48]
