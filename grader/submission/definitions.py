@@ -6,8 +6,8 @@ operation of torch.distributed (`_Actions`), directly or through the submission'
 and methods (a function passed to a call counts as called, unless the call only wraps it: `scope.WRAPPERS`,
 `step = torch.compile(step)`). Assignments, `for` loops and `if`/`try`/`with` blocks that only compute values
 (constants, lookup tables, wrappers: `all_reduce = timed(dist.all_reduce)`, `run_worker = make_worker()`) run;
-so does filling a container the module binds (`TABLE.append(...)`). A statement that reads a name only a dropped statement
-binds is dropped too (`for p in procs: p.join()` after `procs = [mp.Process(...) ...]`).
+so does filling a container the module binds (`TABLE.append(...)`). A statement that reads a name only a
+dropped statement binds is dropped too (`for p in procs: p.join()` after `procs = [mp.Process(...) ...]`).
 
 Pure `ast`, no torch: the supervisor filters each submission once (compiled.py); a rank filters a file a
 notebook cell wrote, when it loads one.
