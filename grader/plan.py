@@ -50,8 +50,7 @@ def perturbed_ops(exercise: Exercise) -> tuple[str, ...]:
     forbids (a value that went through a forbidden operation can then still be shown right, if not
     allowed: the "uses" check says so)."""
     ops = []
-    forbidden = [op for check in exercise.checks if check.kind == "uses" for op in check.forbid]
-    for op in [op for quantity in exercise.quantities for op in quantity.through] + list(exercise.forbidden) + forbidden:
+    for op in [op for quantity in exercise.quantities for op in quantity.through] + list(exercise.forbidden_ops):
         ops += ["send", "recv"] if op in ("send", "recv") else [op]
     return tuple(dict.fromkeys(ops))
 

@@ -343,6 +343,12 @@ class Exercise:
         """The TODOs declared as data (none when `todo` is a single (zh, en) phrase)."""
         return () if validate.is_words(self.todo) else tuple(self.todo)
 
+    @property
+    def forbidden_ops(self) -> tuple[str, ...]:
+        """Every operation the exercise does not allow: its own `forbidden`, and what its "uses" checks forbid."""
+        return tuple(dict.fromkeys([*self.forbidden, *(op for check in self.checks if check.kind == "uses"
+                                                        for op in check.forbid)]))
+
     def quantity(self, name: str) -> Quantity:
         for quantity in self.quantities:
             if quantity.name == name:

@@ -73,6 +73,10 @@ def _walk(folder: Path, truncated: list | None = None):
                 continue
 
 
+MAX_MODULES = 16   # .py files beside a folder's solution carried as its modules
+MAX_READ = 32      # files of a student's folder read to find the one that defines the entry
+
+
 def find_entry(folder: Path, truncated: list | None = None, entry: str = "run_worker") -> Path | None:
     """The one submission file inside a student's folder (nbgrader's submitted/<student>/<assignment>/): of
     the files that define the entry function (`def run_worker(`), else of all, a notebook if there is one,
@@ -89,10 +93,6 @@ def _defines(path: Path, entry: str) -> bool:
     """Whether the file's text has `def <entry>(` (a notebook's too: its JSON holds the code as text)."""
     raw, problem = read_limited(path)
     return problem is None and f"def {entry}(".encode() in raw
-
-
-MAX_MODULES = 16   # .py files beside a folder's solution carried as its modules
-MAX_READ = 32      # files of a student's folder read to find the one that defines the entry
 
 
 def _modules(entry: Path) -> dict[str, str]:

@@ -255,9 +255,7 @@ def _ops_used(quantity: Quantity, runs: WorldSizeRuns, exercise) -> list[str]:
     "uses" check fails it, and the pass names what it came through); all of `through` where none shows."""
     run = runs.clean or (runs.perturbed[0] if runs.perturbed else None)
     used = {c.op for rec in run.ranks for c in rec.calls if c.completed and c.ok} if run is not None else set()
-    forbidden = [*exercise.forbidden,
-                 *(op for check in exercise.checks if check.kind == "uses" for op in check.forbid)]
-    return [op for op in quantity.through if op in used] or [op for op in dict.fromkeys(forbidden) if op in used] \
+    return [op for op in quantity.through if op in used] or [op for op in exercise.forbidden_ops if op in used] \
         or _ops_text(quantity)
 
 
