@@ -236,6 +236,12 @@ def test_report_names_the_layers_and_no_sandbox_still_grades(tmp_path):
     assert "no namespaces" in layers and "no seccomp filter" in layers and "no_new_privs not applied" in layers
 
 
+# Graded on their own, not in the class below: the memory toucher writes every page up to each rank's limit in
+# every run (~0.6 CPU-s a rank on these machines, 10-12 CPU-s a grading: a fifth of this file's CPU), and what it
+# shows is a limit, the memory cgroup's (test_total_memory_of_all_ranks_is_capped), not a verdict beside others'
+ALONE = ("memory_toucher",)
+
+
 @pytest.mark.timeout(180)
 def test_hostile_class_through_batch(tmp_path):
     """Every hostile fixture and two honest students in one batch (--jobs 2): each hostile one gets its
@@ -244,17 +250,17 @@ def test_hostile_class_through_batch(tmp_path):
     klass = tmp_path / "class"
     klass.mkdir()
     for path in SANDBOX.glob("*.py"):
-        shutil.copy(path, klass / path.name)
+        if path.stem not in ALONE:
+            shutil.copy(path, klass / path.name)
     shutil.copy(SOLUTION, klass / "honest_a.py")
     shutil.copy(SANDBOX / "fixed_port.py", klass / "honest_b.py")
     for cheat in ("c02_patch_comparisons", "c03_tensor_subclass", "c04_fake_output"):
         shutil.copy(FIXTURES / "dist_primitives" / "cheats" / f"{cheat}.py", klass / f"{cheat}.py")
     out = tmp_path / "out"
-    # 1280 MiB per rank (a real-backend rank of honest code peaks near 900 MiB of address space): the memory
-    # toucher, which writes every page it gets, costs a third of the CPU that the default 2 GiB would. 2 s per
-    # run: the endless loop (one rank spinning, the others waiting for it) and the memory toucher run until their
-    # runs' time limit (6 runs each), each second of it a second of CPU the rest of the suite waits for, and an
-    # honest run beside them took up to 0.9 s in a loaded suite (stretched as the machine is slower: the fork
+    # 1280 MiB per rank (a real-backend rank of honest code peaks near 900 MiB of address space): the memory hog
+    # reaches it at once. 2 s per run: the endless loop (one rank spinning, the others waiting for it) runs until
+    # its runs' time limit (6 runs), each second of it a second of CPU the rest of the suite waits for, and an
+    # honest run beside it took up to 0.9 s in a loaded suite (stretched as the machine is slower: the fork
     # bomb's processes are counted before it)
     proc, workers = batch_watching_workers("batch", str(klass), "--out", str(out), "--jobs", "2",
                                            "--time-limit", f"{stretched(2):.1f}", "--memory-mb", "1280", "--lang", "en",
@@ -265,7 +271,7 @@ def test_hostile_class_through_batch(tmp_path):
         "write_outside": ("pass", 100), "fixed_port": ("pass", 100),
         "infinite_loop": ("timeout", 5), "fork_bomb": ("process_limit", 5), "one_rank_collective": ("exception", 10),  # its mismatched first calls, named by the switch
         "output_flood": ("output_limit", 5), "kill_parent": ("crash", 0), "os_exit": ("early_exit", 0),
-        "sys_exit": ("early_exit", 0), "memory_hog": ("pass", 55), "memory_toucher": ("pass", 55),
+        "sys_exit": ("early_exit", 0), "memory_hog": ("pass", 55),
         "c02_patch_comparisons": ("wrong", 10), "c03_tensor_subclass": ("bad_type", 10),
         "c04_fake_output": ("missing", 10),   # returns (None, None)
     }
