@@ -85,10 +85,13 @@ def session_template():
     """One template zygote for this test process (each xdist worker has its own): every grader process the
     tests start (`grade`, `check`, `batch` and its workers, a notebook kernel's nbcheck) forks its zygote from
     it instead of importing torch again (launch.serve_template). A test that gives run_cli an environment
-    gets a cold zygote, which inherits that environment."""
+    gets a cold zygote, which inherits that environment. It imports dynamo before its first fork: most of the
+    course's fixtures use something that does (torch.optim, DDP, functional collectives, torch.compile), and
+    each batch's worker zygotes would import it again (`make test`: ~4% less CPU). Importing it on a run's
+    request stays tested where a zygote starts cold (tests/test_runner.py, run_cli with `env`)."""
     from grader.processes import launch
     try:
-        path = launch.serve_template()
+        path = launch.serve_template(preload=("torch._dynamo",))
     except OSError:   # no template: every grader process starts its zygote cold, as without one
         path = None
     yield path

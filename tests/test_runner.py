@@ -384,8 +384,10 @@ def test_a_watch_can_start_a_run_as_another_ends(runner):
 def test_a_zygote_that_preloads_for_a_run_is_given_the_time_it_takes(monkeypatch):
     """The zygote imports a run's preload (dynamo: ~800 modules; torch.compile's first header: minutes on a
     busy machine) before it answers that the run started: that wait is the grader's, never the 30 s in which
-    a plain start must answer, so a slow preload is never a grader error."""
-    from grader.processes import zygote_client
+    a plain start must answer, so a slow preload is never a grader error. A cold zygote: the session's
+    template has imported dynamo already (conftest.session_template)."""
+    from grader.processes import launch, zygote_client
+    monkeypatch.delenv(launch.TEMPLATE_SOCKET_ENV, raising=False)
     monkeypatch.setattr(zygote_client, "START_SECONDS", 0.01)   # far less than any import of dynamo
     with Runner() as runner:
         [run] = runner.run_many([RunRequest(world_size=2, source=ECHO, filename="e.py", preload=("torch._dynamo",))])
@@ -395,8 +397,10 @@ def test_a_zygote_that_preloads_for_a_run_is_given_the_time_it_takes(monkeypatch
 @pytest.mark.timeout(120)
 def test_only_modules_new_to_the_zygote_lengthen_the_wait_for_a_start(monkeypatch):
     """Nearly every submission names some torch module: the long wait is for modules this zygote has not
-    imported yet, so that a zygote that stops answering is still found out in START_SECONDS on later runs."""
-    from grader.processes import zygote_client
+    imported yet, so that a zygote that stops answering is still found out in START_SECONDS on later runs. A
+    cold zygote, which has not imported dynamo (the session's template has)."""
+    from grader.processes import launch, zygote_client
+    monkeypatch.delenv(launch.TEMPLATE_SOCKET_ENV, raising=False)
     waits, recv = [], zygote_client.socket.recv_fds
 
     def spy(sock, *args, **kwargs):

@@ -143,9 +143,12 @@ def stop_template() -> None:
         _stop(template)
 
 
-def serve_template() -> str:
+def serve_template(preload: tuple[str, ...] = ()) -> str:
     """A template for every grader process that inherits GRADER_TEMPLATE_SOCKET (set here, in os.environ):
-    its socket's path, in a folder of mode 700. It ends with this process, or with stop_serving."""
+    its socket's path, in a folder of mode 700. It ends with this process, or with stop_serving. `preload`:
+    torch modules it imports before its first fork, as a zygote imports what a run names (comm.PRELOAD_WITH),
+    for a session whose gradings mostly need them: every zygote forked from it shares them instead of
+    importing them again (torch._dynamo: ~800 modules, 1.5-2 CPU-s a zygote)."""
     global _SESSION
     if _SESSION is None:
         # mode 700: only this uid reaches the socket; named like a supervisor's folder, so that a later grader
@@ -155,7 +158,7 @@ def serve_template() -> str:
         listen = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             listen.bind(path)   # bound before the template has started: requests wait in its queue
-            started = _template(listen)
+            started = _template(listen, preload)
         finally:
             listen.close()
         if started is None:
@@ -177,14 +180,18 @@ def stop_serving() -> None:
         shutil.rmtree(os.path.dirname(session[3]), ignore_errors=True)
 
 
-def _template(listen: socket.socket | None = None) -> tuple[Path, subprocess.Popen, socket.socket] | None:
-    """Start a template zygote (listening on `listen` too, if given): (its folder, process, socket)."""
+def _template(listen: socket.socket | None = None,
+              preload: tuple[str, ...] = ()) -> tuple[Path, subprocess.Popen, socket.socket] | None:
+    """Start a template zygote (listening on `listen` too, if given; importing `preload` first): (its folder,
+    process, socket)."""
     base = new_base()   # for its log only
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     args = [sys.executable, str(child.fileno()), str(base), "--template"]
     fds = (child.fileno(),) + (() if listen is None else (listen.fileno(),))
+    args += [f"--listen={listen.fileno()}"] if listen is not None else []
+    args += [f"--preload={','.join(preload)}"] if preload else []
     try:
-        proc = _start(args + ([] if listen is None else [str(listen.fileno())]), fds, base / "zygote.log")
+        proc = _start(args, fds, base / "zygote.log")
     except OSError:   # the workers start their own zygotes
         parent.close()
         shutil.rmtree(base, ignore_errors=True)

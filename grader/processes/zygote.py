@@ -2,8 +2,10 @@
 
     python -m grader.processes.zygote FD BASE        (started by runner.Runner or launch.prestart; FD is a
                                                       SOCK_SEQPACKET to the supervisor, BASE its runs' folder)
-    python -m grader.processes.zygote FD BASE --template [LISTEN]  (a template: forks a zygote per grader
-                                                      process, on request; LISTEN: a session's datagram socket)
+    python -m grader.processes.zygote FD BASE --template [--listen=FD] [--preload=MODULE,...]
+                                                      (a template: forks a zygote per grader process, on
+                                                      request; --listen: a session's datagram socket;
+                                                      --preload: torch modules imported before any fork)
 
 Ranks must not pay for their own cold `import torch` (about 2 s each); a fork of this process costs
 milliseconds. The zygote runs no torch op and hosts no store (both make forked children hang; a run's store
@@ -284,13 +286,15 @@ def _requests(conn: socket.socket, max_fds: int):
         yield data, fds
 
 
-def _template(conn: socket.socket, listen: socket.socket | None = None) -> tuple[socket.socket, str] | None:
-    """A template: it has imported (above) and never serves runs. For each request {"t": "spawn", "base",
-    "python", "root"} with a grader process's socket attached, it forks a zygote for that process. Requests
-    come on `conn` (a batch's workers inherit its other end) and, for a session's template, as datagrams
-    on `listen` (launch.serve_template). Returns in that fork (the socket and the folder); returns None in the
-    template once every holder of `conn` has closed it."""
+def _template(conn: socket.socket, listen: socket.socket | None = None,
+              preload: list[str] | None = None) -> tuple[socket.socket, str] | None:
+    """A template: it has imported (above, and `preload`) and never serves runs. For each request {"t":
+    "spawn", "base", "python", "root"} with a grader process's socket attached, it forks a zygote for that
+    process. Requests come on `conn` (a batch's workers inherit its other end) and, for a session's template,
+    as datagrams on `listen` (launch.serve_template). Returns in that fork (the socket and the folder);
+    returns None in the template once every holder of `conn` has closed it."""
     signal.signal(signal.SIGCHLD, lambda *_: _reap())
+    _preload(preload or ())   # torch modules only, as for a run's preload
     _huge_pages()   # once, here: every fork shares them
     sources = [conn] if listen is None else [conn, listen]
     while True:
@@ -342,8 +346,9 @@ def main() -> None:
         _LAYERS.append(_PROBE.layers())
     conn, base, forked = socket.socket(fileno=int(sys.argv[1])), sys.argv[2], False
     if sys.argv[3:4] == ["--template"]:   # BASE holds its log only; a session's template: its socket's fd
-        listen = socket.socket(fileno=int(sys.argv[4])) if sys.argv[4:] else None
-        spawned = _template(conn, listen)
+        options = dict(arg[2:].split("=", 1) for arg in sys.argv[4:] if arg.startswith("--") and "=" in arg)
+        listen = socket.socket(fileno=int(options["listen"])) if options.get("listen", "").isdigit() else None
+        spawned = _template(conn, listen, [m for m in options.get("preload", "").split(",") if m])
         if spawned is None:
             os._exit(0)
         (conn, base), forked = spawned, True
