@@ -11,7 +11,6 @@ import itertools
 import re
 import shlex
 import subprocess
-import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
