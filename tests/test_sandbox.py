@@ -244,9 +244,9 @@ ALONE = ("memory_toucher",)
 
 @pytest.mark.timeout(180)
 def test_hostile_class_through_batch(tmp_path):
-    """Every hostile fixture and two honest students in one batch (--jobs 2): each hostile one gets its
-    verdict, the honest ones keep 100, and after the daemon's moment has passed no result has changed
-    and no process is left."""
+    """Every hostile fixture (but those graded ALONE) and two honest students in one batch (--jobs 2): each
+    hostile one gets its verdict, the honest ones keep 100, and after the daemon's moment has passed no result
+    has changed and no process is left."""
     klass = tmp_path / "class"
     klass.mkdir()
     for path in SANDBOX.glob("*.py"):
