@@ -95,7 +95,8 @@ def tree_digest(folder: Path) -> str:
 
 CASES = [
     # fixture, expected outcome of ws2.all_reduce, total score, extra CLI args. Every hostile fixture is
-    # graded in test_hostile_class_through_batch (the fork bomb there only: each of its gradings costs both
+    # graded in test_hostile_class_through_batch but the memory toucher (ALONE: graded by
+    # test_total_memory_of_all_ranks_is_capped), the fork bomb there only (each of its gradings costs both
     # cores for seconds while the kernel ends its processes); these go through `grade` on their own as well.
     ("kill_parent", "crash", 0, ()),
 ]
