@@ -21,7 +21,7 @@ import sys
 from ..comm import API_NAMES
 from . import flow
 from ..comm import GROUP_METHODS
-from .scope import DEFS, WRAPPERS, Scope, bound_names
+from .scope import DEFS, WRAPPERS, Scope, bound_names, unwrapped
 
 # Calls that start processes, by their origin where it is the standard library or torch (`os.system`, never
 # `platform.system`); by their name alone where the origin is unknown (`ctx.Process(...)` of
@@ -133,9 +133,7 @@ class _Actions:
             return True
         if self._follows(func, scope, local):
             return True
-        inner = func
-        while isinstance(inner, ast.Call) and inner.args and scope.qualify(inner.func) in WRAPPERS:
-            inner = inner.args[0]
+        inner = unwrapped(func, scope)
         if inner is not func and self._follows(inner, scope, local):
             return True                  # `torch.compile(step)(x)` calls step
         wraps = qualified in WRAPPERS   # `step = torch.compile(step)` binds a function: it calls none

@@ -10,7 +10,7 @@ from ..comm import PRELOAD_OTHER, PRELOAD_WITH
 from . import flow
 from .parse import parse_source
 from .reach import bound_operations
-from .scope import DEFS, Scope, bound_names, live_nodes, live_statements, wrapped_function
+from .scope import DEFS, Scope, bound_names, live_nodes, live_statements, unwrapped
 
 ENTRY = "run_worker"
 
@@ -37,8 +37,8 @@ class Module:
                     and isinstance(self.functions.get(stmt.value.func.id), (ast.FunctionDef, ast.AsyncFunctionDef))
                 # `step = torch.compile(step)`, `sync = functools.partial(sync_grads, ...)`, `run_worker =
                 # _run_worker`: the function itself
-                alias = stmt.value.id if isinstance(stmt.value, ast.Name) else wrapped_function(stmt.value, self.scope)
-                wrapped = self.functions.get(alias or "")
+                inner = unwrapped(stmt.value, self.scope)
+                wrapped = self.functions.get(inner.id) if isinstance(inner, ast.Name) else None
                 for name in (n for t in stmt.targets for n in flow.target_names(t)):
                     if wrapped is not None and isinstance(stmt.targets[0], ast.Name):
                         self.functions[name] = wrapped

@@ -78,12 +78,12 @@ class Scope:
                 self.names[stmt.targets[0].id] = qualified
 
 
-def wrapped_function(value: ast.AST, scope: Scope) -> str | None:
-    """The name of the function a call of one of WRAPPERS wraps (its first argument, a plain name), else None."""
-    if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Name) \
-            and scope.qualify(value.func) in WRAPPERS:
-        return value.args[0].id
-    return None
+def unwrapped(value: ast.AST, scope: Scope) -> ast.AST:
+    """What calls of WRAPPERS wrap, however deep (`torch.compile(functools.partial(step, g))`: `step`); the
+    expression itself when it is no such call."""
+    while isinstance(value, ast.Call) and value.args and scope.qualify(value.func) in WRAPPERS:
+        value = value.args[0]
+    return value
 
 
 def live_statements(body: list[ast.stmt]):
