@@ -524,7 +524,8 @@ def test_an_entry_made_by_a_factory_or_wrapper_of_the_submission(src, line, para
 
 
 @pytest.mark.parametrize("binding", ["compiled = torch.compile(_step, mode='max-autotune-no-cudagraphs')",
-                                     "compiled = functools.partial(_step)", "compiled = torch.compiler.disable(_step)"])
+                                     "compiled = functools.partial(_step)", "compiled = torch.compiler.disable(_step)",
+                                     "compiled = torch.compile(functools.partial(_step), fullgraph=True)"])
 def test_a_function_wrapped_at_the_top_level_is_walked_through_the_name_it_is_bound_to(binding):
     """`compiled = torch.compile(step)` binds step itself (scope.WRAPPERS): what run_worker reaches through it."""
     src = HEAD + "import torch\ndef _step(t):\n    dist.all_reduce(t)\n" + binding + \
