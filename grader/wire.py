@@ -4,7 +4,9 @@
     header = a JSON object (UTF-8): {"t": kind, ..., "blobs": [bytes of blob 0, bytes of blob 1, ...]}
 
 A tensor travels as a descriptor in the header, {"dtype": "torch.float32", "shape": [4, 2], "blob": i}, and
-its raw bytes in C order as blob i ("blob" absent: its shape and dtype only, as for an output buffer).
+its raw bytes in C order as blob i ("blob" absent: its shape and dtype only, as for an output buffer). In a
+graded run a large blob may lie in the memory its rank shares with the grader instead, named by the header's
+"shm" (processes/ring.py: its inline size is then 0).
 
     rank -> grader   ready, op, wait, snap, result, note, end
     grader -> rank   spec, done

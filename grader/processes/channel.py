@@ -1,4 +1,5 @@
-"""Inside a rank: its one socket to the grader (the supervisor, which hosts the run's switch).
+"""Inside a rank: its one socket to the grader (the supervisor, which hosts the run's switch), and in a graded
+run the memory it shares with the grader for the large blobs of frames (ring.py).
 
 Frames are wire.py's. `send` may be called from any thread (the student's, the transport's); `start`
 runs a reader thread that hands every frame from the grader to a handler (the transport's completions).
@@ -14,6 +15,7 @@ import threading
 import numpy as np
 
 from .. import wire
+from .ring import Ring
 
 _recv_into = socket.socket.recv_into
 _sendmsg = socket.socket.sendmsg
@@ -29,6 +31,7 @@ class Channel:
     def __init__(self, fd: int):
         self.sock = socket.socket(fileno=fd)
         self.lock = threading.Lock()
+        self.ring: Ring | None = None   # the shared memory with the grader, in a graded run (ring.py)
 
     def out_of_memory(self):
         """The rank's memory limit left the grader's code no room: say so and end the rank now (a thread of
@@ -41,8 +44,8 @@ class Channel:
         os._exit(OUT_OF_MEMORY_EXIT)
 
     def send(self, header: dict, blobs: list | tuple = ()) -> None:
-        buffers = wire.pack(header, blobs)
         with self.lock:
+            buffers = self.ring.pack(header, blobs) if self.ring is not None else wire.pack(header, blobs)
             while buffers:
                 sent = _sendmsg(self.sock, buffers[:512])   # at most IOV_MAX buffers at once
                 while buffers and sent >= len(buffers[0]):
@@ -61,10 +64,25 @@ class Channel:
             got += k
         return buf
 
-    def recv(self) -> tuple[dict, list]:
-        """The next frame from the grader (blocking)."""
-        (length,) = struct.unpack("<I", self._exactly(4))
-        return wire.unpack(self._exactly(length))   # the blobs view the frame's own buffer
+    def recv(self, first: bool = False) -> tuple[dict, list]:
+        """The next frame from the grader (blocking). The `first` (the spec) may come with the rank's shared
+        memory, passed with its first bytes."""
+        if first:
+            got, fds, _, _ = socket.recv_fds(self.sock, 4, 1)
+            for fd in fds:
+                try:
+                    self.ring = Ring(fd, "rank")
+                except (OSError, ValueError):   # no room for it (the memory limit): every blob goes inline
+                    pass
+                os.close(fd)
+            prefix = got + bytes(self._exactly(4 - len(got))) if len(got) < 4 else got
+        else:
+            prefix = self._exactly(4)
+        (length,) = struct.unpack("<I", prefix)
+        header, blobs = wire.unpack(self._exactly(length))   # the blobs view the frame's own buffer
+        if "shm" in header and self.ring is not None:
+            blobs = self.ring.lend(header, blobs)
+        return header, blobs
 
     def start(self, handler) -> None:
         """Read every later frame in a daemon thread: handler(header, blobs); EOF ends the thread."""
@@ -77,6 +95,7 @@ class Channel:
                         handler(None, None)
                         return
                     handler(header, blobs)
+                    del header, blobs   # not held while the next frame is awaited: its blobs may be lent (ring.py)
             except MemoryError:
                 self.out_of_memory()
         self.start_thread(loop)

@@ -9,6 +9,7 @@ from .. import wire
 from ..records import RankRecord, RunOutcome, RunRequest, Stop
 from ..switch import Switch
 from .limits import Limits, uid_budget
+from .ring import Ring
 
 FAILFAST_GRACE_S = 0.5   # after one rank fails, the others get this long to report (less if they cannot move)
 
@@ -28,6 +29,7 @@ class InFlight:
         self.fd_role: dict[int, tuple[str, int]] = {}
         self.channel: dict[int, int] = {}               # rank -> its socket
         self.pending: dict[int, list] = {}              # socket -> buffers still to write
+        self.rings: dict[int, Ring] = {}                # rank -> its shared memory (a graded run's ranks)
         self.pidfd: int | None = None   # its leader's pidfd; a pod's run: its socket to the pod (pods.Pods)
         self.pod = False
         self.zid = 0                     # the zygote's id of the run

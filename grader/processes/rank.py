@@ -317,7 +317,7 @@ def run(spec: dict, channel: Channel) -> None:
     if not graded:
         _join(spec, channel)
     hooks.CHANNEL = channel
-    channel.send({"t": "ready"})
+    channel.send({"t": "ready", "ring": channel.ring is not None})   # the supervisor may write to its ring
     filenames = {spec["filename"], *(os.path.join(os.getcwd(), n) for n in spec.get("files") or {})}
     real.FILENAMES.update(filenames)
     entry_name = spec["entry"]
@@ -394,7 +394,7 @@ def rank_main(channel_fd: int) -> None:
         # 10-30 ms instead of 20 us, with 2 cores and 2 ranks or more).
         torch.set_num_threads(1)
     try:
-        header, blobs = channel.recv()
+        header, blobs = channel.recv(first=True)
         if isinstance(header.get("code"), int) and 0 <= header["code"] < len(blobs):
             header["_code"] = bytes(blobs[header["code"]])   # the submission, compiled by the supervisor
         if header.get("t") != "spec":

@@ -47,6 +47,8 @@ def take(run: InFlight, r: int, header: dict, blobs: list) -> None:
                                   "values": {n: wire.value(found[n], blobs) for n in names if n in found}})
     elif kind == "ready":
         record.ready = True
+        if header.get("ring") is True and r in run.rings:   # it mapped its shared memory (ring.py)
+            run.rings[r].ready = True
     elif kind == "memory":   # the rank ends now (channel.Channel.out_of_memory)
         record.out_of_memory = True
         run.fail_soon()

@@ -268,6 +268,11 @@ class Runner(ZygoteClient):
         for header, blobs in frames:
             run.last_progress = time.monotonic()
             try:
+                if "shm" in header:   # its large blobs are in the rank's shared memory (ring.py): copied out
+                    ring = run.rings.get(r)
+                    if ring is None:
+                        raise wire.WireError("shared-memory references without shared memory")
+                    blobs = ring.take(header, blobs)
                 if header.get("t") in ("op", "wait", "peek"):
                     if run.switch is None:
                         raise ProtocolError("operations outside a graded run")
@@ -284,8 +289,9 @@ class Runner(ZygoteClient):
     def _deliver(self, run: InFlight) -> None:
         """What the switch owes the ranks, and where each rank now waits."""
         outbox, run.switch.outbox = run.switch.outbox, []
-        for rank, frame in outbox:
-            self._send(run, rank, frame)
+        for rank, header, blobs in outbox:
+            ring = run.rings.get(rank)
+            self._send(run, rank, ring.pack(header, blobs) if ring is not None else wire.pack(header, blobs))
         for record in run.outcome.ranks:
             record.inside = run.switch.waiting_on(record.rank)
 
@@ -411,6 +417,9 @@ class Runner(ZygoteClient):
             os.close(fd)
         run.fd_role.clear()
         run.pending.clear()
+        for ring in run.rings.values():
+            ring.close()
+        run.rings.clear()
         if run.pidfd is not None:
             try:
                 sel.unregister(run.pidfd)

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import wire
 from ..records import Mode, RunRequest
 from ..submission import compiled
-from . import launch
+from . import launch, ring
 from .cgroup import MemoryCgroup, default_total_mb
 from .inflight import InFlight
 from .launch import BASE_PREFIX
@@ -211,7 +211,10 @@ class ZygoteClient:
                     # a perturbed run records the student's own failed checks and goes on (rank.py): its data
                     # fails them by design; every other run raises, as Python does
                     "checks": "record" if record else "raise"}
-            run.pending[chan] = wire.pack(spec, [code] if code is not None else [])
+            frame = wire.pack(spec, [code] if code is not None else [])
+            if mode is Mode.SWITCH:   # its shared memory with the supervisor (ring.py), with the frame's first bytes
+                _share(run, r, chan, frame)
+            run.pending[chan] = frame
             run.channel[r] = chan
             run.readers[chan] = wire.FrameReader()
             run.fd_role.update({chan: ("chan", r), out_r: ("output", r)})
@@ -244,6 +247,8 @@ class ZygoteClient:
         except (OSError, GraderError) as err:
             for fd in send_fds + keep:
                 os.close(fd)
+            for shared in run.rings.values():
+                shared.close()
             self.start()  # a fresh zygote for the next run
             raise GraderError(f"could not start a run: {err}") from err
         for fd in send_fds:
@@ -276,6 +281,28 @@ class ZygoteClient:
 SOCKET_BUFFER = 4 << 20   # what a rank's socket holds each way (the kernel's default, ~200 KiB, cut a MiB-sized
 #                           operation into tens of reads and writes, each a wake-up of the other side)
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+
+
+def _share(run: InFlight, r: int, chan: int, frame: list) -> None:
+    """Rank `r`'s memfd (ring.py), mapped here and passed with the first bytes of its spec `frame` (taken off
+    it) on its socket `chan`, whose buffer is still empty: this never blocks. Where memfds cannot be made or
+    mapped, the rank gets none, and every blob travels inline."""
+    try:
+        shared = ring.make()
+    except OSError:
+        return
+    sock = socket.socket(fileno=chan)
+    try:
+        run.rings[r] = ring.Ring(shared, "grader")
+        socket.send_fds(sock, [frame[0]], [shared])
+        frame.pop(0)
+    except (OSError, ValueError):
+        mapped = run.rings.pop(r, None)
+        if mapped is not None:
+            mapped.close()
+    finally:
+        sock.detach()
+        os.close(shared)
 
 
 def _widen(sock: socket.socket) -> None:

@@ -88,7 +88,7 @@ class Switch:
         self.calls: list[list[Call]] = [[] for _ in range(world_size)]
         self.args: dict[tuple[int, int], ops.Args] = {}        # (rank, seq) -> its tensors, while pending
         self.clock = 0
-        self.outbox: list[tuple[int, list]] = []             # (rank, frame buffers) to write
+        self.outbox: list[tuple[int, dict, list]] = []       # (rank, header, blobs) of frames to send
         self.finished: set[int] = set()
         self.blocked: dict[int, int] = {}                    # rank -> seq of the operation it waits on
         self.first = [0] * world_size                        # bytes kept of each rank's first operations
@@ -370,8 +370,8 @@ class Switch:
             call.sent = [None] * len(call.sent)
             call.perturbed = None if call.perturbed is None else [None] * len(call.perturbed)
         self._unblock(call)
-        self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": True, "source": call.source,
-                                                   "outputs": descs}, blobs)))
+        self.outbox.append((call.rank, {"t": "done", "seq": call.seq, "ok": True, "source": call.source,
+                                        "outputs": descs}, blobs))
 
     def _fail(self, call: Call, error: str, kind: str = "RuntimeError") -> None:
         """The call ends in an error, raised on its rank as `kind` (RuntimeError, or ValueError where gloo
@@ -380,8 +380,8 @@ class Switch:
         self.args.pop((call.rank, call.seq), None)
         _forget(call)   # a failed operation proves nothing: its values are not kept (its record is)
         self._unblock(call)
-        self.outbox.append((call.rank, wire.pack({"t": "done", "seq": call.seq, "ok": False, "error": call.error,
-                                                   "kind": kind})))
+        self.outbox.append((call.rank, {"t": "done", "seq": call.seq, "ok": False, "error": call.error,
+                                        "kind": kind}, []))
 
     def _unblock(self, call: Call) -> None:
         self.in_flight[call.rank] -= call.sent_bytes_held
