@@ -4,6 +4,7 @@ the rules is a protocol break, never a fault of the supervisor."""
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 
 import numpy as np
@@ -109,6 +110,22 @@ def test_a_rank_says_it_took_its_deliveries_only_once_no_view_is_left(pair):
     del a
     assert int(grader.ctrl[grader.mine_taken]) == grader.placed
     assert _frame(grader.pack({"t": "done", "seq": 2}, [_array(1 << 16)]))[0]["shm"][0][1] == 0
+
+
+@pytest.mark.timeout(20)
+def test_a_view_collected_while_the_rank_lends_the_next_returns_without_a_deadlock(pair, monkeypatch):
+    grader, rank = pair
+    cycle = [rank.lend(*_frame(grader.pack({"t": "done", "seq": 0}, [_array(1 << 16)])))]
+    cycle.append(cycle)   # a view in a reference cycle: only the garbage collector frees it ...
+    del cycle
+    finalize = ring.weakref.finalize
+
+    def collecting(*args):   # ... and it may run at any allocation, here inside `lend`, its lock held
+        gc.collect()
+        return finalize(*args)
+    monkeypatch.setattr(ring.weakref, "finalize", collecting)
+    view = rank.lend(*_frame(grader.pack({"t": "done", "seq": 1}, [_array(1 << 16)])))[0]
+    assert rank.lent == 1 and np.array_equal(view.view(np.float32), _array(1 << 16))
 
 
 def test_the_supervisor_writes_to_a_rank_only_once_it_mapped_its_region(pair):

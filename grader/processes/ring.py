@@ -80,7 +80,7 @@ class Ring:
         self.taken = 0            # bytes copied out of the other side's region (`take`)
         self.placed = 0           # running total of bytes this side placed in its region ...
         self.at = 0               # ... and where its next blob goes
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()   # a lent view may be collected (and returned) inside `lend` itself
         self.lent = 0             # views of the other side's region still out (`lend`) ...
         self.end = 0              # ... and the total it placed, once they are all back
 

@@ -294,8 +294,8 @@ def _share(run: InFlight, r: int, chan: int, frame: list) -> None:
     sock = socket.socket(fileno=chan)
     try:
         run.rings[r] = ring.Ring(shared, "grader")
-        socket.send_fds(sock, [frame[0]], [shared])
-        frame.pop(0)
+        sent = socket.send_fds(sock, [frame[0]], [shared])
+        frame[0] = memoryview(frame[0])[sent:]   # all of it (8 bytes): the rest, if ever, with the frame
     except (OSError, ValueError):
         mapped = run.rings.pop(r, None)
         if mapped is not None:
