@@ -40,8 +40,8 @@ def _frame(buffers) -> tuple[dict, list]:
     return wire.unpack(memoryview(data)[4:])
 
 
-def _array(values) -> np.ndarray:
-    return np.arange(values, dtype=np.float32)
+def _array(count: int) -> np.ndarray:
+    return np.arange(count, dtype=np.float32)
 
 
 def test_the_memfd_is_sealed_against_shrinking_before_any_rank_gets_it():
