@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
+import socket
+import struct
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from conftest import FIXTURES
 from grader import wire
 from grader.processes import ring
+from grader.processes.channel import Channel
 from grader.processes.limits import Limits
 from grader.processes.runner import Runner
 from grader.records import RunRequest
@@ -133,6 +136,32 @@ def test_the_supervisor_writes_to_a_rank_only_once_it_mapped_its_region(pair):
     grader.ready = False
     header, blobs = _frame(grader.pack({"t": "done", "seq": 0}, [_array(1 << 18)]))
     assert "shm" not in header and len(blobs[0]) == (1 << 18) * 4
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_a_rank_takes_its_memfd_with_its_spec_and_does_without_one_it_cannot_use(sealed):
+    """The spec's first bytes carry the memfd (zygote_client._share); a rank that cannot map it (here: one
+    that is not the grader's, unsealed) reads its spec all the same, and sends every blob inline."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    theirs.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)   # the inline frame fits: nobody reads yet
+    fd = ring.make() if sealed else os.memfd_create("not-sealed")
+    try:
+        if not sealed:
+            os.ftruncate(fd, ring.SIZE)
+        frame = b"".join(bytes(b) for b in wire.pack({"t": "spec", "rank": 0}))
+        socket.send_fds(mine, [frame[:8]], [fd])
+        mine.sendall(frame[8:])
+        channel = Channel(theirs.detach())
+        header, _ = channel.recv(first=True)
+        assert header["t"] == "spec" and header["rank"] == 0
+        assert (channel.ring is not None) is sealed
+        channel.send({"t": "note"}, [_array(1 << 16)])
+        (length,) = struct.unpack("<I", mine.recv(4, socket.MSG_WAITALL))
+        got = wire.unpack(mine.recv(length, socket.MSG_WAITALL))[0]
+        assert ("shm" in got) is sealed   # in its region, or inline
+    finally:
+        os.close(fd)
+        mine.close()
 
 
 @pytest.mark.parametrize("refs, end", [
