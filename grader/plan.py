@@ -14,9 +14,10 @@ alone only where those values are proven too (Judge.proven): a clean run would h
 with them, or gone on as the perturbed run did. Otherwise (a check of an intermediate value, before the
 answer exists) the clean run says what the code computes, and the perturbed run where the answer came from.
 Code that raises on its own values in another way (`if not torch.allclose(...): raise ...`) fails its
-perturbed runs, so its clean runs decide: `grade` and `check`, which someone waits for, start the clean runs
-of code that checks its own values in round 1 (each kept only where the perturbed run does not decide alone,
-so the verdicts are those of two rounds).
+perturbed runs, so its clean runs decide: `grade` and `check`, which someone waits for, start the clean run
+of a world size of code that checks its own values as soon as its perturbed run ends without deciding alone,
+beside the other runs (the verdicts are those of two rounds; an honest answer's perturbed runs decide alone,
+so it costs no clean run).
 
 The real-backend run: the student's code once more, at the visible world size, on torch's own gloo (NCCL
 where enough GPUs are visible), for what the chapter teaches: its output and its real communication times.
@@ -75,20 +76,26 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
 
     every = perturbed_ops(exercise)
     first = [request(ws, every, "perturbed") for ws in world_sizes]
-    early = sorted(ws for ws in world_sizes if show_output and self_checks)
-    if show_output and real_at is None and visible and visible[0] in world_sizes and visible[0] not in early:
-        early.append(visible[0])   # no real-backend run: the clean run's output is what the report shows
-    first += [request(ws, (), "clean") for ws in early]
+    # code that checks its own values: the clean run of a world size starts as soon as its perturbed run ends
+    # without deciding alone (watch), beside the other runs, not after them
+    hasty = {ws for ws in world_sizes if show_output and self_checks}
+    if show_output and real_at is None and visible and visible[0] in world_sizes:
+        first.append(request(visible[0], (), "clean"))   # no real-backend run: its output is what the report shows
+        hasty.discard(visible[0])
     speculative = show_output and real_backend is not None
     if speculative:
         first.append(request(real_at, (), "real", "real"))
     runs = {ws: WorldSizeRuns(ws) for ws in world_sizes}
 
     def watch(index: int, outcome):
-        """Cancel the speculative real-backend run once the visible perturbed run shows it is not needed; where
-        there is none, start the real-backend run as soon as that run alone shows it is (beside the other
+        """Start the clean run of code that checks its own values as soon as its perturbed run does not decide
+        alone. Cancel the speculative real-backend run once the visible perturbed run shows it is not needed;
+        where there is none, start the real-backend run as soon as that run alone shows it is (beside the other
         world sizes' runs, not after them)."""
         req = outcome.request
+        if req.perturb and not req.real and req.world_size in hasty and not judge.proven(outcome):
+            hasty.discard(req.world_size)
+            return [request(req.world_size, (), "clean")] + list(watch(index, outcome))
         if req.perturb and req.world_size == real_at and not req.real:
             if speculative and not judge.proven(outcome) and (not self_checks or outcome.stop in (Stop.DEADLOCK, Stop.TIMEOUT)):
                 return [len(first) - 1]
@@ -106,9 +113,6 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
             entry.perturbed.append(outcome)
         else:
             entry.clean = outcome
-    for ws in early:
-        if runs[ws].perturbed and judge.proven(runs[ws].perturbed[0]) and (real_at is not None or ws not in visible):
-            runs[ws].clean = None   # not needed after all: the perturbed run decides alone, as without it
     for entry in runs.values():
         if entry.clean is None and not judge.proven(entry.perturbed[0]) and judge.untouched(entry.perturbed[0]):
             entry.clean = entry.perturbed[0]   # what a clean run would repeat: nothing was delivered

@@ -146,6 +146,28 @@ def test_total_memory_of_all_ranks_is_capped(tmp_path):
     assert data["score"] <= 55
 
 
+@pytest.mark.timeout(30)
+def test_the_memory_cgroup_goes_once_its_last_process_has_left_and_never_blocks_for_long(tmp_path):
+    """MemoryCgroup.remove tries again until its folder can go (a cgroup's, while the zygote's pods are still
+    exiting), and gives up after its patience instead of holding the grader's exit. A plain folder stands in
+    for the cgroup: it cannot go while it holds a file, as a cgroup cannot while it holds a process."""
+    from grader.processes.cgroup import MemoryCgroup
+    busy = tmp_path / "grader-1-busy"
+    busy.mkdir()
+    (busy / "process").write_text("")
+    leaving = threading.Timer(0.2, (busy / "process").unlink)
+    leaving.start()
+    MemoryCgroup(str(busy), 100).remove()
+    leaving.join()
+    assert not busy.exists()
+    stuck = tmp_path / "grader-1-stuck"
+    stuck.mkdir()
+    (stuck / "process").write_text("")
+    MemoryCgroup(str(stuck), 100).remove(patience=0.1)   # returns, the folder left for the next grader's sweep
+    assert stuck.exists()
+    MemoryCgroup(str(tmp_path / "gone"), 100).remove()    # already gone: nothing to do
+
+
 @pytest.mark.timeout(60)
 def test_memory_limit_is_configurable(tmp_path):
     """A correct solution fits the default 2 GiB; with 500 MiB a rank cannot even start the grader's threads

@@ -69,15 +69,21 @@ class MemoryCgroup:
             pass
         return 0
 
-    def remove(self) -> None:
-        for _ in range(50):
+    def remove(self, patience: float = 2.5) -> None:
+        """Remove the cgroup once its last process has left (the zygote's pods take ~10 ms to end after it):
+        tried again after 1 ms, then twice as long each time up to 50 ms, for `patience` seconds in all."""
+        deadline, pause = time.monotonic() + patience, 0.001
+        while True:
             try:
                 os.rmdir(self.path)
                 return
             except FileNotFoundError:
                 return
             except OSError:  # processes still leaving
-                time.sleep(0.05)
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 0.05)
 
 
 def join_cgroup(procs_file: str) -> None:
