@@ -31,7 +31,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import dataplane  # bench/dataplane.py, beside this script
+# E runs the switch in this process: numpy's OpenBLAS with one thread, as `python -m grader` sets it up
+# (grader/__main__.py), read when numpy loads; the commands this script starts get the environment as it was
+_BLAS = os.environ.get("OPENBLAS_NUM_THREADS")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import dataplane  # noqa: E402  bench/dataplane.py, beside this script
+if _BLAS is None:
+    del os.environ["OPENBLAS_NUM_THREADS"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable

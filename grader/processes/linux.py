@@ -47,11 +47,12 @@ def small_pages() -> None:
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 HEAP_MMAP_THRESHOLD = 128 << 20   # larger than any frame (wire.MAX_FRAME): a frame's buffer comes from the heap
-HEAP_TRIM_THRESHOLD = 256 << 20   # free memory the heap keeps at its top instead of giving it back
+HEAP_TRIM_THRESHOLD = 256 << 20   # free memory at the heap's top past which malloc gives it back (all of it)
 
 
 def reuse_heap() -> None:
-    """This process's malloc (and its children's) keeps what is freed for reuse, up to HEAP_TRIM_THRESHOLD,
+    """This process's malloc (and its children's) keeps what is freed for reuse, until more than
+    HEAP_TRIM_THRESHOLD lies free at the heap's top (then glibc gives all of that back but 128 KiB),
     instead of returning it and faulting it in anew, page by page, at the next allocation of the same size
     (an operation's frame in a rank: 4 MiB for 1M float32, ~1,000 page faults for each of a run's first
     four). What a process holds at its peak does not change."""
