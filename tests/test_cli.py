@@ -263,6 +263,34 @@ def test_the_students_own_checks_are_recorded_in_a_perturbed_run_and_its_values_
     assert {label for _, label in run_labels(slot)} == {"perturbed", "clean", "real"}
 
 
+@pytest.mark.timeout(180)
+def test_grade_starts_a_clean_run_only_where_the_perturbed_run_does_not_decide_alone():
+    """`grade` of code that checks its own values (show_output): the seed's reference, whose perturbed runs
+    prove its values, makes no clean run at all, not one started and then dropped (three runs of ranks that
+    cost as much as the perturbed ones); a bug after its own assert (m36) gets the clean run of every world
+    size, each started as its perturbed run ends, and the verdict they give."""
+    from grader import api
+    from grader.processes.runner import Runner
+    from grader.submission import load as loader
+    launched: list[tuple[int, str]] = []
+
+    class Counting(Runner):
+        def _launch(self, request, slot):
+            launched.append((request.world_size, request.label))
+            return super()._launch(request, slot)
+
+    with Counting() as runner:
+        seed = api.grade(loader.load(FIXTURES / "dist_primitives" / "honest" / "h06_seed_reference.py"),
+                         runner=runner, exercise="dist_primitives", show_output=True)
+        assert seed.score == 100, [(c.spec.id, c.outcome) for c in seed.checks]
+        assert sorted(launched) == [(2, "perturbed"), (2, "real"), (3, "perturbed"), (4, "perturbed")]
+        launched.clear()
+        bug = api.grade(loader.load(FIXTURES / "dist_primitives" / "mistakes" / "m36_bug_after_own_assert.py"),
+                        runner=runner, exercise="dist_primitives", show_output=True)
+        assert bug.score == 10
+        assert sorted(ws for ws, label in launched if label == "clean") == [2, 3, 4]
+
+
 @pytest.mark.timeout(120)
 def test_an_answer_whose_evidence_was_not_kept_fails_saying_so_not_accused():
     """An honest answer between a warm-up and a timing loop of its own size class, past the switch's budget
