@@ -424,8 +424,11 @@ def _grader_imports(path: Path) -> set[str]:
 
 @pytest.mark.timeout(60)
 def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
-    """Ranks cannot read the checkout: whatever grader module rank.py reaches (lazily too), and whatever the
-    exercise notebooks import from the grader, must already be in the zygote's memory when it forks."""
+    """Ranks cannot read the checkout: whatever grader module rank.py reaches (lazily too) must already be in
+    the zygote's memory when it forks, and whatever an exercise notebook imports from the grader must be once
+    the zygote has preloaded what the notebook's static report names (comm.PRELOAD_GRADER: not before, so
+    that a `.py` submission's zygote starts without the whole grader)."""
+    from grader.submission import load, static
     reached, todo = set(), ["grader.processes.rank"]
     while todo:
         module = todo.pop()
@@ -435,7 +438,12 @@ def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
         path = ROOT / (module.replace(".", "/") + ".py")
         if path.exists():
             todo += sorted(_grader_imports(path))
+    from_rank = set(reached)
+    named = set()
     for nb in (ROOT / "assignments").rglob("*.ipynb"):
+        submission = load.load(nb)   # as `grade` reads it: what its static report names, the zygote preloads
+        tree = static.parse_source(submission.source, submission.filename)[0]
+        named.update(static.inspect_source(tree, "run_worker", getattr(submission, "files", None)).torch_modules)
         for cell in json.loads(nb.read_text())["cells"]:
             for line in "".join(cell["source"]).split("\n"):
                 words = line.split()
@@ -445,9 +453,12 @@ def test_every_grader_module_a_rank_can_reach_is_preloaded_by_the_zygote():
                         names = " ".join(words[3:]).replace(",", " ").split()
                         reached.update(f"{words[1]}.{n}" for n in names
                                        if (ROOT / words[1].replace(".", "/") / f"{n}.py").exists())
-    code = "import sys; from grader.processes import zygote; print(sorted(m for m in sys.modules if m.startswith('grader')))"
-    proc = subprocess.run([PY, "-c", code], cwd=ROOT, capture_output=True, text=True,
+    code = ("import sys; from grader.processes import zygote; grader = lambda: sorted(m for m in sys.modules "
+            "if m.startswith('grader')); print(grader()); zygote._preload(sys.argv[1:]); print(grader())")
+    proc = subprocess.run([PY, "-c", code, *sorted(named)], cwd=ROOT, capture_output=True, text=True,
                           timeout=stretched(50))
-    loaded = set(eval(proc.stdout))
-    assert "grader.integrations.nbcheck" in reached
-    assert reached - loaded == set(), proc.stderr
+    at_start, preloaded = (set(eval(line)) for line in proc.stdout.splitlines())
+    assert "grader.integrations.nbcheck" in reached and "grader.integrations.nbcheck" in named
+    assert from_rank - at_start == set(), proc.stderr
+    assert "grader.integrations.nbcheck" not in at_start
+    assert reached - preloaded == set(), proc.stderr

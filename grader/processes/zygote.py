@@ -76,7 +76,7 @@ import torch.distributed  # noqa: F401
 torch._C._get_cpu_capability()
 inductor.eager_kernels()   # torch.compile's inductor backend runs with eager kernels in every rank (inductor.py)
 
-from ..comm import PRELOAD_OTHER
+from ..comm import PRELOAD_GRADER, PRELOAD_OTHER
 from . import hooks, seccomp
 from .pods import Pods
 from .tree import CODE, EMPTY, LEADERS, PidNamespaces, fork_held, leader
@@ -86,17 +86,15 @@ if seccomp.supported():   # the filters each rank installs, assembled once for e
 
 # Every grader module a rank uses, imported here before any fork: a rank's root holds the interpreter and
 # its libraries, not the grader's checkout, so a rank can never import grader code lazily from disk.
-# nbcheck: the exercise notebook's check cells import it, and a rank loads a notebook's imports.
-# (tests/test_sandbox.py checks this list against every grader import reachable from rank.py and the
-# grader imports of the exercise's notebooks.)
+# The grader modules an exercise notebook imports (nbcheck: its check cells; a rank loads a notebook's
+# imports) are comm.PRELOAD_GRADER, imported by _preload for a submission that names them. (tests/test_sandbox.py
+# checks both against every grader import reachable from rank.py and those of the exercise's notebooks.)
 PRELOAD = ("grader.processes.rank", "grader.processes.hooks", "grader.processes.guard", "grader.processes.tree",
            "grader.processes.pods", "grader.processes.store", "grader.processes.sandbox", "grader.processes.linux",
            "grader.processes.cgroup", "grader.processes.limits", "grader.processes.namespaces",
            "grader.processes.root", "grader.processes.seccomp",
            "grader.submission.static", "grader.submission.scope", "grader.submission.reach", "grader.submission.program",
-           "grader.submission.parse", "grader.submission.definitions", "grader.submission.compiled", "grader.wire",
-           "grader.integrations.nbcheck",
-           "grader.integrations.bench")  # the notebooks import these two: ranks load a notebook's imports
+           "grader.submission.parse", "grader.submission.definitions", "grader.submission.compiled", "grader.wire")
 for _name in PRELOAD:
     importlib.import_module(_name)
 
@@ -155,11 +153,12 @@ def _huge_pages() -> None:
 
 
 def _preload(modules) -> None:
-    """Import torch modules a submission names (functional collectives import ~800 modules on first use), and
-    matplotlib's pyplot (comm.PRELOAD_OTHER), here, once, before forking its ranks: a cost of the grader must
-    not count against a run's time."""
+    """Import torch modules a submission names (functional collectives import ~800 modules on first use),
+    matplotlib's pyplot (comm.PRELOAD_OTHER) and the grader modules a notebook imports (comm.PRELOAD_GRADER),
+    here, once, before forking its ranks: a cost of the grader must not count against a run's time."""
     for name in modules:
-        if isinstance(name, str) and name.split(".")[0] in ("torch", *PRELOAD_OTHER) and name not in sys.modules:
+        if isinstance(name, str) and (name.split(".")[0] in ("torch", *PRELOAD_OTHER) or name in PRELOAD_GRADER) \
+                and name not in sys.modules:
             try:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001  (not a module: the rank will say what the student wrote)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import functools
 
-from ..comm import PRELOAD_OTHER, PRELOAD_WITH
+from ..comm import PRELOAD_GRADER, PRELOAD_OTHER, PRELOAD_WITH
 from . import flow
 from .parse import parse_source
 from .reach import bound_operations
@@ -178,8 +178,8 @@ def _binds(stmt: ast.stmt, name: str) -> bool:
 
 def torch_modules_of(tree: ast.Module) -> list[str]:
     """torch modules the submission imports or names (`torch.distributed._functional_collectives`,
-    `dist.nn.functional`), and matplotlib's (comm.PRELOAD_OTHER): the zygote imports them before forking the
-    ranks."""
+    `dist.nn.functional`), matplotlib's (comm.PRELOAD_OTHER) and the grader's that a notebook imports
+    (comm.PRELOAD_GRADER): the zygote imports them before forking the ranks."""
     found: set[str] = set()
     aliases = Scope()
     for node in ast.walk(tree):
@@ -189,6 +189,9 @@ def torch_modules_of(tree: ast.Module) -> list[str]:
             found.update(n for n in names if n.startswith("torch.") or n.split(".")[0] in PRELOAD_OTHER)
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
                 found.update(f"{node.module}.{a.name}" for a in node.names)
+            if isinstance(node, ast.ImportFrom) and node.module:   # from grader.integrations import nbcheck
+                names = names + [f"{node.module}.{a.name}" for a in node.names]
+            found.update(g for g in PRELOAD_GRADER if any(n == g or n.startswith(g + ".") for n in names))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             qualified = aliases.qualify(node)
