@@ -263,12 +263,12 @@ def test_the_students_own_checks_are_recorded_in_a_perturbed_run_and_its_values_
     assert {label for _, label in run_labels(slot)} == {"perturbed", "clean", "real"}
 
 
-@pytest.mark.timeout(180)
-def test_grade_starts_a_clean_run_only_where_the_perturbed_run_does_not_decide_alone():
+@pytest.mark.timeout(120)
+def test_grade_of_an_answer_that_checks_its_own_values_starts_no_clean_run():
     """`grade` of code that checks its own values (show_output): the seed's reference, whose perturbed runs
-    prove its values, makes no clean run at all, not one started and then dropped (three runs of ranks that
-    cost as much as the perturbed ones); a bug after its own assert (m36) gets the clean run of every world
-    size, each started as its perturbed run ends, and the verdict they give."""
+    prove its values, makes no clean run at all, not one started and then dropped (three runs whose ranks cost
+    as much as the perturbed ones). Where the perturbed run does not decide alone (m36 above), the clean run of
+    its world size starts as that run ends (plan.py's watch)."""
     from grader import api
     from grader.processes.runner import Runner
     from grader.submission import load as loader
@@ -282,13 +282,8 @@ def test_grade_starts_a_clean_run_only_where_the_perturbed_run_does_not_decide_a
     with Counting() as runner:
         seed = api.grade(loader.load(FIXTURES / "dist_primitives" / "honest" / "h06_seed_reference.py"),
                          runner=runner, exercise="dist_primitives", show_output=True)
-        assert seed.score == 100, [(c.spec.id, c.outcome) for c in seed.checks]
-        assert sorted(launched) == [(2, "perturbed"), (2, "real"), (3, "perturbed"), (4, "perturbed")]
-        launched.clear()
-        bug = api.grade(loader.load(FIXTURES / "dist_primitives" / "mistakes" / "m36_bug_after_own_assert.py"),
-                        runner=runner, exercise="dist_primitives", show_output=True)
-        assert bug.score == 10
-        assert sorted(ws for ws, label in launched if label == "clean") == [2, 3, 4]
+    assert seed.score == 100, [(c.spec.id, c.outcome) for c in seed.checks]
+    assert sorted(launched) == [(2, "perturbed"), (2, "real"), (3, "perturbed"), (4, "perturbed")]
 
 
 @pytest.mark.timeout(120)
