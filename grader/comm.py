@@ -191,5 +191,5 @@ PRELOAD_WITH = {
 PRELOAD_OTHER = ("matplotlib",)   # packages besides torch whose modules the zygote imports for a submission
 # the grader's own modules an exercise notebook imports (its check cells, its bandwidth cell): a rank cannot
 # import grader code from disk, so the zygote imports them for a submission that names them, and only then
-# (nbcheck imports the whole grader: ~80 ms of every cold zygote's start, before a `grade` can run anything)
+# (nbcheck imports most of the grader: ~50 ms of every cold zygote's start, before a `grade` can run anything)
 PRELOAD_GRADER = ("grader.integrations.nbcheck", "grader.integrations.bench")

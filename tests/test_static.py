@@ -196,6 +196,21 @@ def test_torch_modules_to_preload():
     assert "torch._dynamo" in inspect(src).torch_modules   # DTensor's first parallelized forward imports it
 
 
+@pytest.mark.parametrize("src, named", [
+    ("from grader.integrations import nbcheck\n", ["grader.integrations.nbcheck"]),
+    ("from grader.integrations import nbcheck, bench\n", ["grader.integrations.bench", "grader.integrations.nbcheck"]),
+    ("import grader.integrations.nbcheck as nb\n", ["grader.integrations.nbcheck"]),
+    ("from grader.integrations.bench import run_bench, table\n", ["grader.integrations.bench"]),
+    ("import grader\ngrader.integrations.nbcheck.report()\n", ["grader.integrations.nbcheck"]),
+    ("import grader.integrations as gi\ngi.nbcheck.check('x')\n", ["grader.integrations.nbcheck"]),
+    ("import torch.distributed as dist\n", []),
+])
+def test_the_grader_modules_a_notebook_imports_are_named_for_the_zygote_to_preload(src, named):
+    """A rank cannot import grader code from disk, and a zygote imports nbcheck and bench (comm.PRELOAD_GRADER)
+    only for a submission whose static report names them: every way of importing them is named."""
+    assert [m for m in inspect(src).torch_modules if m.startswith("grader.")] == named
+
+
 @pytest.mark.parametrize("src, problem", [
     ("def run_worker(:\n", "static.syntax_error"),
     ("x = " + "(" * 3000 + "1" + ")" * 3000 + "\n", "static.too_complex"),  # too deep for the parser

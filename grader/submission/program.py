@@ -202,6 +202,8 @@ def torch_modules_of(tree: ast.Module) -> list[str]:
                     found.add(qualified)
             elif node.attr == "compile" and isinstance(node.ctx, ast.Load) and qualified is None:
                 found.add("torch.compile")      # `model.compile()`: nn.Module's, compiled as torch.compile
+            elif qualified and qualified.startswith("grader."):   # `import grader` ... grader.integrations.nbcheck
+                found.update(g for g in PRELOAD_GRADER if qualified == g or qualified.startswith(g + "."))
     for name in list(found):
         found.update(PRELOAD_WITH.get(name, ()))
     return sorted(found)[:48]
