@@ -93,17 +93,18 @@ def run_all(submission, exercise: Exercise, judge: Judge, world_sizes, runner: R
         where there is none, start the real-backend run as soon as that run alone shows it is (beside the other
         world sizes' runs, not after them)."""
         req = outcome.request
+        answer = []
         if req.perturb and not req.real and req.world_size in hasty and not judge.proven(outcome):
             hasty.discard(req.world_size)
-            return [request(req.world_size, (), "clean")] + list(watch(index, outcome))
+            answer.append(request(req.world_size, (), "clean"))
         if req.perturb and req.world_size == real_at and not req.real:
             if speculative and not judge.proven(outcome) and (not self_checks or outcome.stop in (Stop.DEADLOCK, Stop.TIMEOUT)):
-                return [len(first) - 1]
-            if not speculative and judge.proven(outcome):
+                answer.append(len(first) - 1)
+            elif not speculative and judge.proven(outcome):
                 decided = WorldSizeRuns(real_at, perturbed=[outcome])
                 if judge.ran_cleanly(decided) and judge.passes_any(exercise, decided):
-                    return [request(real_at, (), "real", "real")]
-        return ()
+                    answer.append(request(real_at, (), "real", "real"))
+        return answer
 
     for outcome in runner.run_many(first, watch=watch):
         entry = runs[outcome.request.world_size]
