@@ -25,7 +25,7 @@ import shutil
 import signal
 import time
 
-from .. import wire
+from .. import twocores, wire
 from ..records import RankRecord, RunOutcome, RunRequest, Stop
 from ..switch import MAX_OUTPUT, ProtocolError, TrafficLimit
 from . import reports
@@ -289,9 +289,19 @@ class Runner(ZygoteClient):
     def _deliver(self, run: InFlight) -> None:
         """What the switch owes the ranks, and where each rank now waits."""
         outbox, run.switch.outbox = run.switch.outbox, []
-        for rank, header, blobs in outbox:
+        # each rank's frames packed in order (into its shared memory: ring.py), the ranks' on two cores
+        # when large (one result delivered to every rank of an all_reduce is copied into each one's region)
+        ranks = list(dict.fromkeys(rank for rank, _, _ in outbox))
+
+        def pack(rank: int) -> list:
             ring = run.rings.get(rank)
-            self._send(run, rank, ring.pack(header, blobs) if ring is not None else wire.pack(header, blobs))
+            return [ring.pack(h, b) if ring is not None else wire.pack(h, b) for r, h, b in outbox if r == rank]
+
+        nbytes = sum(memoryview(b).nbytes for _, _, blobs in outbox for b in blobs) if len(ranks) > 1 else 0
+        packed = dict(zip(ranks, twocores.run_all([lambda r=r: pack(r) for r in ranks], nbytes)))
+        for rank in ranks:
+            for frame in packed[rank]:
+                self._send(run, rank, frame)
         for record in run.outcome.ranks:
             record.inside = run.switch.waiting_on(record.rank)
 

@@ -26,6 +26,7 @@ import functools
 
 import numpy as np
 
+from .. import twocores
 from ..wire import round_to
 
 MAX_SEGMENT = 1 << 20   # gloo's kMaxSegmentSize (allreduce.h, reduce.h)
@@ -122,6 +123,8 @@ def reduce_arrays(arrays: list[np.ndarray], op: str | None, dtype: str, n: int, 
         ranks = len(arrays)
         if ranks == 1:
             total = arrays[0].copy()
+        elif combine is np.add and not bf16 and arrays[0].nbytes * ranks >= twocores.LEAST:
+            total = _sum(arrays, floating and ranks > 2, item, algorithm)
         elif not floating or (ranks == 2 and op in COMMUTATIVE):   # the order cannot change the result
             total = _fold(arrays, step)
         else:
@@ -146,6 +149,33 @@ def reduce_arrays(arrays: list[np.ndarray], op: str | None, dtype: str, n: int, 
                 total = round_to(total.astype(np.float64), dtype)
     total = np.asarray(total, dtype=arrays[0].dtype)
     return total.view(kind) if kind.kind == "c" else total
+
+
+def _sum(arrays: list[np.ndarray], ring: bool, item: int, algorithm: str) -> np.ndarray:
+    """The sum of large arrays, on two cores (twocores.py), with the same additions as reduce_arrays makes
+    one after the other: along gloo's ring, chunk by chunk (`ring`), else in the ranks' order, in two halves
+    (integers, and floats at two ranks, whose order cannot change the result)."""
+    ranks, total = len(arrays), np.empty_like(arrays[0])
+    if ring:
+        bounds = chunk_bounds(total.size, item, ranks, algorithm)
+        orders = [[(c - 2) % ranks, (c - 1) % ranks] + [(c - k) % ranks for k in range(3, ranks + 1)]
+                  for c in range(ranks)]
+    else:
+        half = total.size // 2
+        bounds, orders = ((0, half), (half, total.size)), [list(range(ranks))] * 2
+
+    def add(start: int, stop: int, order: list) -> None:
+        if start == stop:
+            return
+        acc = total[start:stop]
+        with np.errstate(all="ignore"):   # numpy's error state is the thread's own
+            np.add(arrays[order[0]][start:stop], arrays[order[1]][start:stop], out=acc)
+            for k in order[2:]:
+                np.add(arrays[k][start:stop], acc, out=acc)
+
+    twocores.run_all([functools.partial(add, start, stop, order) for (start, stop), order in zip(bounds, orders)],
+                     total.nbytes * ranks)
+    return total
 
 
 def _fold(arrays: list[np.ndarray], step) -> np.ndarray:

@@ -4,7 +4,8 @@ Each rank has one socket, to the supervisor, which feeds every frame a rank send
 (processes/runner.py). For every operation a rank starts (an "op" frame: the method, its group, its
 options, the tensors it sends and the shapes of its output buffers) the switch
   - checks the call alone, as gloo does (checks.py): an error, in gloo's words, goes back to that rank;
-  - in a perturbed run, adds fresh secret deltas to its own copy of what the rank sent (perturb.py);
+  - in a perturbed run, adds fresh secret deltas to its own copy of what the rank sent (perturb.py): at once
+    for a small call, for a large one when its operation runs (the calls of an operation on two cores);
   - pairs it: a collective with the calls of the other ranks of its group with the same index on that
     group (all of them, or it waits), checking that they fit (agree.py); a send with the first
     receive posted for it (a send completes only when its receive is posted: gloo does not buffer sends);
@@ -19,11 +20,12 @@ an operation that nothing pending or to come can complete.
 """
 from __future__ import annotations
 
+import functools
 from collections import deque
 
 import numpy as np
 
-from .. import comm, wire
+from .. import comm, twocores, wire
 from . import checks, ops, perturb
 from .record import Call, Piece
 from .tensors import REDUCES
@@ -80,6 +82,15 @@ def _forget(call: Call) -> None:
         call.__dict__.pop(cached, None)
 
 
+def _entered_perturbed(call: Call, rng: np.random.Generator) -> list | None:
+    """What entered `call`: its sent arrays with fresh deltas where perturb.py perturbs them, the others as
+    sent; None if none is perturbed (integers that travel as sent)."""
+    values = [perturb.perturbed(a, d["dtype"], rng, call) if a is not None else None
+              for a, d in zip(call.sent, call.inputs)]
+    return [e if e is not None else a for e, a in zip(values, call.sent)] if any(e is not None for e in values) \
+        else None
+
+
 class Switch:
     def __init__(self, world_size: int, perturb_ops: tuple = (), rng: np.random.Generator | None = None):
         self.ws = world_size
@@ -106,6 +117,7 @@ class Switch:
         self._recvs: dict[tuple, deque] = {}                 # (group key, tag, at, from or None) -> receives
         self._posted = 0
         self._gnames: dict[str, tuple] = {}   # a group's name -> the ranks of the first group seen with it
+        self.unprepared: set[tuple[int, int]] = set()        # (rank, seq) of large calls whose deltas wait to be drawn
 
     # -- frames in ----------------------------------------------------------------------------------
     def receive(self, rank: int, header: dict, blobs: list) -> None:
@@ -144,14 +156,12 @@ class Switch:
             call.problem = err.problem
             self._fail(call, str(err), err.kind)
             return
-        # a MAX, MIN or product is no sum of the ranks' data: no value is ever proven from it, and honest code
-        # branches on it (GradScaler's found_inf, all-reduced with MAX, must stay 0 where nothing overflowed)
-        if self.perturb_ops and call.sends and call.op in self.perturb_ops and call.reduce in LINEAR_REDUCES:
-            entered = [perturb.perturbed(a, t.dtype, self.rng, call) if a is not None else None
-                       for a, t in zip(call.sent, args.flat_in)]
-            if any(e is not None for e in entered):   # what entered: perturbed where perturb.py says, else as sent
-                call.perturbed = [e if e is not None else a for e, a in zip(entered, call.sent)]
         self.args[(rank, call.seq)] = args
+        if self._takes_deltas(call):   # a small call's deltas at once, a large one's when its operation runs
+            if call.sent_bytes_held < twocores.LEAST:
+                call.perturbed = _entered_perturbed(call, self.rng)
+            else:
+                self.unprepared.add((rank, call.seq))
         if call.op in ("send", "recv"):
             self._post_p2p(call)
         else:
@@ -293,6 +303,7 @@ class Switch:
                 c.problem = err.problem
                 self._fail(c, str(err), err.kind)
             return
+        self._perturbed(calls)
         ins = [self._entered(c, args) for c, args in pairs]
         try:
             results = family.run(pairs, ins, n)
@@ -304,6 +315,28 @@ class Switch:
         made: dict = {}   # an array several ranks receive: its bytes made once
         for (c, args), (arrays, pieces) in zip(pairs, results):
             self._deliver(c, args, arrays, pieces, made)
+
+    def _takes_deltas(self, call: Call) -> bool:
+        """In a perturbed run, what a call sends in an operation the run perturbs enters it with fresh deltas
+        (perturb.py). A MAX, MIN or product is no sum of the ranks' data: no value is ever proven from it, and
+        honest code branches on it (GradScaler's found_inf, all-reduced with MAX, must stay 0 where nothing
+        overflowed): it enters as sent."""
+        return bool(self.perturb_ops) and call.op in self.perturb_ops and call.sends and call.reduce in LINEAR_REDUCES
+
+    def _perturbed(self, calls: list[Call]) -> None:
+        """The deltas of the large calls of an operation that runs now, drawn on two cores (twocores.py), each
+        call's from a generator of its own seeded from the run's. Drawn as the operation runs, not as each call
+        arrives: the ranks of a run then wait for the switch, and the cores are free (drawn as the first rank's
+        call arrived, the helper thread took a core from the ranks still sending, bench.md)."""
+        large = [c for c in calls if (c.rank, c.seq) in self.unprepared]
+        if not large:
+            return
+        self.unprepared.difference_update((c.rank, c.seq) for c in large)
+        rngs = perturb.children(self.rng, len(large))
+        entered = twocores.run_all([functools.partial(_entered_perturbed, c, rng) for c, rng in zip(large, rngs)],
+                                   sum(a.nbytes for c in large for a in c.sent if a is not None))
+        for call, values in zip(large, entered):
+            call.perturbed = values
 
     @staticmethod
     def _entered(call: Call, args: ops.Args) -> list[np.ndarray]:
@@ -346,6 +379,7 @@ class Switch:
                 call.problem = problem[1]
                 self._fail(call, problem[0])
             return
+        self._perturbed([send])
         data = self._entered(send, s_args)[0]
         self.clock += 1
         self._deliver(send, s_args, [], [])
@@ -378,6 +412,7 @@ class Switch:
         raises one)."""
         call.completed, call.ok, call.error, call.completed_at = True, False, error[:1000], self.clock
         self.args.pop((call.rank, call.seq), None)
+        self.unprepared.discard((call.rank, call.seq))
         _forget(call)   # a failed operation proves nothing: its values are not kept (its record is)
         self._unblock(call)
         self.outbox.append((call.rank, {"t": "done", "seq": call.seq, "ok": False, "error": call.error,

@@ -89,6 +89,12 @@ def generator() -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
 
+def children(rng: np.random.Generator, n: int) -> list[np.random.Generator]:
+    """`n` generators of their own, each seeded with 128 bits drawn from `rng` (for work on two threads:
+    twocores.py); as secret as `rng` itself."""
+    return [np.random.Generator(np.random.PCG64(rng.bit_generator.random_raw(2))) for _ in range(n)]
+
+
 CHUNK = 1 << 18
 
 
