@@ -226,6 +226,29 @@ def test_large_operations_through_the_shared_memory_deliver_what_the_switch_comp
 
 
 @pytest.mark.timeout(240)
+def test_large_perturbed_operations_on_two_cores_deliver_gloos_sum_of_what_entered(runner):
+    """At 3 ranks, perturbed: the 4 MiB and 20 MiB all_reduces are perturbed as each operation runs, the ranks'
+    calls on two cores (grader/twocores.py), every element of every rank's data with its delta, and what was
+    delivered is gloo's sum of what entered, bit for bit (wherever the record kept the values)."""
+    from grader.switch.arith import reduce_arrays
+    [out] = runner.run_many([RunRequest(world_size=3, source=(RING / "honest_burst.py").read_text(),
+                                        filename="honest_burst.py", quantities=("t", "u"), perturb=("all_reduce",))])
+    assert out.stop == "completed", (out.stop, out.error, [r.output_text()[-2000:] for r in out.ranks])
+    kept = 0
+    for rec in out.ranks:
+        for call in rec.calls[:7]:   # the six 4 MiB all_reduces, then the 20 MiB one
+            assert call.op == "all_reduce" and call.completed and call.sent_numel >= 1 << 20
+            partners = [call.partners[g] for g in range(3)]
+            if not all(p.retained for p in partners):
+                continue
+            kept += 1
+            assert all((p.perturbed[0] > p.sent[0]).all() for p in partners)
+            total = reduce_arrays([p.perturbed[0] for p in partners], "SUM", "torch.float32", 3)
+            assert np.array_equal(call.delivered_arrays[0].view(np.uint32), total.view(np.uint32))
+    assert kept >= 3
+
+
+@pytest.mark.timeout(240)
 def test_a_rank_that_rewrites_its_deliveries_changes_only_its_own_tensor_never_the_record(runner):
     out = _run(runner, "rewrites_delivery.py", perturb=("all_reduce",))
     assert out.stop == "completed", (out.stop, out.error)
