@@ -289,21 +289,27 @@ class Runner(ZygoteClient):
     def _deliver(self, run: InFlight) -> None:
         """What the switch owes the ranks, and where each rank now waits."""
         outbox, run.switch.outbox = run.switch.outbox, []
-        # each rank's frames packed in order (into its shared memory: ring.py), the ranks' on two cores
-        # when large (one result delivered to every rank of an all_reduce is copied into each one's region)
-        ranks = list(dict.fromkeys(rank for rank, _, _ in outbox))
-
-        def pack(rank: int) -> list:
-            ring = run.rings.get(rank)
-            return [ring.pack(h, b) if ring is not None else wire.pack(h, b) for r, h, b in outbox if r == rank]
-
-        nbytes = sum(memoryview(b).nbytes for _, _, blobs in outbox for b in blobs) if len(ranks) > 1 else 0
-        packed = dict(zip(ranks, twocores.run_all([lambda r=r: pack(r) for r in ranks], nbytes)))
-        for rank in ranks:
-            for frame in packed[rank]:
-                self._send(run, rank, frame)
+        if len(outbox) > 1 and sum(memoryview(b).nbytes for _, _, blobs in outbox for b in blobs) >= twocores.LEAST:
+            frames = self._pack_on_two_cores(run, outbox)
+        else:
+            frames = [(rank, self._pack(run, rank, header, blobs)) for rank, header, blobs in outbox]
+        for rank, frame in frames:
+            self._send(run, rank, frame)
         for record in run.outcome.ranks:
             record.inside = run.switch.waiting_on(record.rank)
+
+    @staticmethod
+    def _pack(run: InFlight, rank: int, header: dict, blobs: list) -> list:
+        ring = run.rings.get(rank)   # its large blobs into the rank's shared memory (ring.py)
+        return ring.pack(header, blobs) if ring is not None else wire.pack(header, blobs)
+
+    def _pack_on_two_cores(self, run: InFlight, outbox: list) -> list:
+        """Each rank's frames packed in order, the ranks' at once (twocores.py): one result delivered to every
+        rank of an all_reduce is copied into each one's region."""
+        ranks = list(dict.fromkeys(rank for rank, _, _ in outbox))
+        packed = twocores.run_all([lambda r=r: [self._pack(run, r, h, b) for rank, h, b in outbox if rank == r]
+                                   for r in ranks], twocores.LEAST)
+        return [(rank, frame) for rank, frames in zip(ranks, packed) for frame in frames]
 
     def _next_deadline(self, run: InFlight) -> float:
         times = [run.started + run.limits.wall_s]
