@@ -21,16 +21,20 @@ def test_results_come_back_in_order_and_small_work_stays_on_the_callers_thread()
     assert [i for i, _ in twocores.run_all(tasks, twocores.LEAST)] == list(range(5))
 
 
-@pytest.mark.timeout(60)
-def test_two_tasks_run_at_once():
-    """Each task waits for the other to have started: only two threads at once can end them."""
+def _both_at_once() -> bool:
+    """Two tasks, each waiting for the other to have started: only two threads at once end them with True."""
     started = [threading.Event(), threading.Event()]
 
     def task(i):
         started[i].set()
         return started[1 - i].wait(timeout=20)
 
-    assert twocores.run_all([lambda: task(0), lambda: task(1)], twocores.LEAST) == [True, True]
+    return twocores.run_all([lambda: task(0), lambda: task(1)], twocores.LEAST) == [True, True]
+
+
+@pytest.mark.timeout(60)
+def test_two_tasks_run_at_once():
+    assert _both_at_once()
 
 
 def test_an_exception_is_raised_once_every_task_has_ended():
@@ -55,12 +59,7 @@ def test_a_forked_child_starts_its_own_helper():
     if pid == 0:   # the child: the parent's helper thread is not here
         ok = False
         try:
-            started = [threading.Event(), threading.Event()]
-
-            def task(i):
-                started[i].set()
-                return started[1 - i].wait(timeout=20)
-            ok = twocores.run_all([lambda: task(0), lambda: task(1)], twocores.LEAST) == [True, True]
+            ok = _both_at_once()
         finally:
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
